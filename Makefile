@@ -1,0 +1,31 @@
+# One-command set-up: `make demo` (the main job) and `make test` (the suite) each build .venv first.
+# The CPU build of torch is pinned here: a bare or ranged torch pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: venv demo test lint bench clean
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: venv
+	$(VENV)/bin/mlaq bench-bmm --quick
+
+test: venv
+	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check src tests bench scripts
+
+bench: venv
+	$(VENV)/bin/mlaq bench-bmm
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

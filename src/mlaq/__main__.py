@@ -1,0 +1,3 @@
+from mlaq.cli import main
+
+raise SystemExit(main())

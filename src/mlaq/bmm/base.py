@@ -1,0 +1,112 @@
+"""The contract every absorbed-MLA batched-matmul scheme fulfils.
+
+MLA decode runs two batched matmuls over heads, both of the form ``y[n] = x[n] @ w[n]``:
+  q absorption     x = q_nope   (N, B, P)  @  w = W_UK      (N, P, L)  ->  (N, B, L)
+  V up-projection  x = o_latent (N, B, L)  @  w = W_UV^T    (N, L, V)  ->  (N, B, V)
+so a scheme sees a weight of shape (N, K, M) and activations of shape (N, B, K); K is the reduction
+axis, and every block/group quantization in a scheme runs along K (as the engines' kernels do).
+
+A scheme quantizes the weight ONCE in ``prepare`` (at load) and emulates the named kernel's
+arithmetic in ``apply``: exact dequantization, fp32 accumulation, output rounded as the engine does.
+``apply`` returns float32 tensors whose values are already rounded to ``out_dtype`` so that callers
+can stay in fp32 without losing the emulation.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PreparedWeight:
+    """A weight after ``BmmScheme.prepare``; subclasses add codes and scales."""
+
+    scheme: str
+    shape: tuple[int, int, int]  # (N, K, M)
+
+    def dequantize(self) -> Tensor:
+        """The weight the scheme effectively multiplies by, float32 (N, K, M)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class DenseWeight(PreparedWeight):
+    """A weight kept in a plain floating dtype (the reference schemes)."""
+
+    weight: Tensor  # (N, K, M), in the scheme's storage dtype
+
+    def dequantize(self) -> Tensor:
+        return self.weight.float()
+
+
+class BmmScheme(ABC):
+    """A named batched-matmul arithmetic; instances are stateless and hashable by name."""
+
+    name: ClassVar[str]
+    out_dtype: ClassVar[torch.dtype]
+    description: ClassVar[str]  # the exact arithmetic, one sentence, for reports
+
+    @abstractmethod
+    def prepare(self, weight: Tensor) -> PreparedWeight:
+        """Quantize a (N, K, M) weight once, at load."""
+
+    @abstractmethod
+    def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
+        """(N, B, K) activations times the prepared weight -> float32 (N, B, M), rounded to out_dtype."""
+
+    def __call__(self, x: Tensor, weight: Tensor) -> Tensor:
+        """Prepare and apply in one go (tests, benchmarks); layers keep the prepared weight."""
+        return self.apply(x, self.prepare(weight))
+
+    def __repr__(self) -> str:
+        return f"<BmmScheme {self.name}>"
+
+
+def check_operands(x: Tensor, prepared: PreparedWeight) -> None:
+    """Shape check shared by every scheme: x (N, B, K) against a (N, K, M) weight."""
+    n, k, _ = prepared.shape
+    if x.dim() != 3 or x.shape[0] != n or x.shape[2] != k:
+        raise ValueError(
+            f"{prepared.scheme}: activations of shape {tuple(x.shape)} do not fit a weight of shape "
+            f"{prepared.shape}; expected (N={n}, B, K={k})"
+        )
+
+
+class Fp32Reference(BmmScheme):
+    """Plain fp32 matmul: the noise-floor reference for tests and reports."""
+
+    name = "fp32"
+    out_dtype = torch.float32
+    description = "fp32 weights and activations, fp32 accumulation, fp32 output"
+
+    def prepare(self, weight: Tensor) -> PreparedWeight:
+        return DenseWeight(self.name, tuple(weight.shape), weight.detach().float().contiguous())
+
+    def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
+        check_operands(x, prepared)
+        assert isinstance(prepared, DenseWeight)
+        return torch.bmm(x.float(), prepared.weight)
+
+
+class Bf16Reference(BmmScheme):
+    """What every engine runs by default: bf16 operands, fp32 accumulation, bf16 output."""
+
+    name = "bf16"
+    out_dtype = torch.bfloat16
+    description = "bf16 weights and activations, fp32 accumulation, output rounded to bf16"
+
+    def prepare(self, weight: Tensor) -> PreparedWeight:
+        w = weight.detach().to(torch.bfloat16).contiguous()
+        return DenseWeight(self.name, tuple(weight.shape), w)
+
+    def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
+        check_operands(x, prepared)
+        assert isinstance(prepared, DenseWeight)
+        # bf16 -> fp32 is exact, so an fp32 bmm of the rounded operands is fp32 accumulation.
+        acc = torch.bmm(x.to(torch.bfloat16).float(), prepared.weight.float())
+        return acc.to(torch.bfloat16).float()

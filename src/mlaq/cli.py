@@ -1,0 +1,51 @@
+"""The ``mlaq`` command line: a thin front door over the library.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+it is imported only when chosen, so ``mlaq --help`` stays fast and the core needs no extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from mlaq import __version__
+
+# name -> (module, one-line help). Modules are imported lazily.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "bench-bmm": ("mlaq.bench_bmm", "time every BMM scheme and an absorbed decode step"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlaq",
+        description="Quantize Multi-head Latent Attention safely: emulate, decide, measure.",
+    )
+    parser.add_argument("--version", action="version", version=f"mlaq {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        importlib.import_module(module_name).add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:  # user errors: message, no traceback
+        print(f"mlaq {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

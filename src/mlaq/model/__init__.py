@@ -1,0 +1,1 @@
+"""Models: MLA attention, DeepSeek-V3-family decoder layers, MoE, MTP, checkpoint loading."""

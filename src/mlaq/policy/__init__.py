@@ -1,0 +1,1 @@
+"""Re-quantization policy: which BMM scheme each MLA layer gets, and why."""

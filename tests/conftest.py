@@ -1,0 +1,31 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mlaq
+
+SRC = Path(mlaq.__file__).resolve().parent.parent
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def run_mlaq(
+    *args: str, env: dict[str, str] | None = None, check: bool = False
+) -> subprocess.CompletedProcess:
+    """Run ``python -m mlaq ARGS`` against the mlaq under test (not whatever is installed)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), full_env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "mlaq", *args], capture_output=True, text=True, env=full_env, check=check
+    )
+
+
+@pytest.fixture
+def mlaq_cli():
+    return run_mlaq
