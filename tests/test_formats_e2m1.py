@@ -27,9 +27,13 @@ def test_all_bf16_inputs_encode_like_ml_dtypes():
     ours = e2m1_encode(x).numpy()[keep]
     ref = np.clip(xn[keep], -6.0, 6.0).astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
     np.testing.assert_array_equal(ours, ref)
+    # the arithmetic fast path, compared as fp32 bit patterns (so -0 vs +0 counts)
+    ref_vals = ref.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    np.testing.assert_array_equal(e2m1_round(x).numpy()[keep].view(np.uint32), ref_vals.view(np.uint32))
     np.testing.assert_array_equal(
-        e2m1_round(x).numpy()[keep], ref.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+        e2m1_round(x.bfloat16()).numpy()[keep].view(np.uint32), ref_vals.view(np.uint32)
     )
+    assert torch.isnan(e2m1_round(x[torch.from_numpy(~keep)])).all()
 
 
 def test_ties_and_saturation_by_hand():
