@@ -159,5 +159,7 @@ def test_block_spec_errors():
         quantize_fp8(x, Fp8Dtype.E4M3FN, (1, 0))
     with pytest.raises(ValueError, match="0-d"):
         quantize_fp8(torch.tensor(1.0), Fp8Dtype.E4M3FN, ())
+    with pytest.raises(ValueError, match="amax_floor"):
+        quantize_fp8(x, Fp8Dtype.E4M3FN, (1, None), amax_floor=-1.0)
     with pytest.raises(ValueError, match="out of range"):
         quantize_fp8_per_channel(x, Fp8Dtype.E4M3FN, axis=2)

@@ -142,5 +142,10 @@ def test_from_packed_rejects_non_finite_and_bad_shapes():
         MxTensor.from_packed(q.packed(), s)
     with pytest.raises(ValueError, match="scales must be"):
         MxTensor.from_packed(q.packed(), q.scales[:, :1])
+    q5 = quantize_mx(torch.randn(4, 64), MxElem.E5M2, ScaleRule.EVEN)
+    inf = q5.codes.clone()
+    inf[1, 1] = 0x7C  # +inf in e5m2
+    with pytest.raises(ValueError, match="NaN/inf"):
+        MxTensor.from_packed(inf, q5.scales, MxElem.E5M2)
     with pytest.raises(ValueError, match="only E2M1"):
         quantize_mx(torch.randn(4, 64), MxElem.E4M3, ScaleRule.EVEN).packed()
