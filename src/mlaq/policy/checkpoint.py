@@ -24,7 +24,7 @@ class KvBStorage:
     """How one kv_b_proj is stored, and why."""
 
     stored: StoredFormat
-    because: str  # completes "kv_b_proj is stored <detail> because ...": "the config has no quantization"
+    because: str  # why, as a clause: "exclude lists 're:.*self_attn.*'", "global_quant_config applies"
     left_unquantized: bool  # a quantization config exists and leaves this kv_b_proj unquantized
 
 

@@ -47,6 +47,10 @@ def _flag(source: str, settings: Settings) -> tuple[str | None, str]:
     return None, ""
 
 
+# A layer that cannot be decided: (kind, details). Equal problems are reported once, for all their layers.
+Problem = tuple[str, tuple[str, ...]]
+
+
 def _decide_layer(
     i: int,
     model: MlaModel,
@@ -54,8 +58,8 @@ def _decide_layer(
     settings: Settings,
     match: ExplicitMatch,
     schemes: Collection[str],
-) -> LayerDecision | tuple[str, str]:
-    """A decision, or a problem (kind, detail) to report for a group of layers."""
+) -> LayerDecision | Problem:
+    """A decision, or a problem to report for a group of layers."""
     module = model.kv_b_proj(i)
     storage = ckpt.kv_b_proj(module, model.dtype)
     stored = storage.stored
@@ -68,10 +72,10 @@ def _decide_layer(
         reason = reasons.targets(t.pattern.text, t.scheme, storage, ckpt.method)
         return done(t.scheme, Rule.TARGETS, reason, t.pattern.text)
     if not stored.known:
-        return ("unknown", ckpt.method)
+        return ("unknown", (ckpt.method,))
     native = native_scheme(storage, schemes)
     if native is None:
-        return ("no-scheme", f"{stored.name}|{stored.detail}|{stored.scheme}")
+        return ("no-scheme", (stored.name, stored.detail, str(stored.scheme)))
     if match.ignore is not None:
         return done(native, Rule.IGNORE, reasons.ignore(match.ignore.text, storage), match.ignore.text)
     if stored.quantized:
@@ -84,29 +88,29 @@ def _decide_layer(
     if guarded and not opt_in:
         return done(native, Rule.GUARD, reasons.guard(native, storage, ckpt.method, settings))
     if scheme not in schemes:
-        return ("no-flag-scheme", f"{scheme}|{var}")
+        return ("no-flag-scheme", (scheme, var))
     if opt_in:
         return done(scheme, Rule.FAMILY_OPT_IN, reasons.family(scheme, var, storage, model.model_type))
     return done(scheme, Rule.FLAG, reasons.flag(scheme, var, storage, settings))
 
 
-def _raise_problems(problems: dict[tuple[str, str], list[int]], schemes: Collection[str]) -> None:
+def _raise_problems(problems: dict[Problem, list[int]], schemes: Collection[str]) -> None:
     (kind, detail), layers = next(iter(problems.items()))
     where = f"kv_b_proj of layers {layer_ranges(layers)}"
     example = '--quantization-config \'{"targets": {"re:.*kv_b_proj": "bf16"}}\''
     if kind == "unknown":
         raise ValueError(
-            f"the checkpoint's quant_method {detail!r} is not one mlaq reads (fp8, quark, compressed-tensors, "
+            f"the checkpoint's quant_method {detail[0]!r} is not one mlaq reads (fp8, quark, compressed-tensors, "
             f"modelopt), so the stored precision of {where} is unknown; decide them explicitly, e.g. {example}"
         )
     if kind == "no-scheme":
-        name, text, scheme = detail.split("|")
+        name, text, scheme = detail
         missing = "" if scheme == "None" else f" (its scheme {scheme} is not registered)"
         raise ValueError(
             f"the checkpoint stores {where} as {name} ({text}), and no mlaq BMM scheme runs that format "
             f"exactly{missing}; choose a scheme explicitly, e.g. {example}; known: {', '.join(schemes)}"
         )
-    scheme, var = detail.split("|")
+    scheme, var = detail
     raise ValueError(f"{var}=1 asks for scheme {scheme}, which this mlaq build does not register")
 
 
@@ -123,7 +127,7 @@ def decide(
         match_model(explicit, model) if explicit is not None else (ExplicitMatch(),) * model.num_mla_layers
     )
     decisions: list[LayerDecision] = []
-    problems: dict[tuple[str, str], list[int]] = {}
+    problems: dict[Problem, list[int]] = {}
     for i in model.layer_indices:
         out = _decide_layer(i, model, checkpoint, settings, matches[i], names)
         if isinstance(out, LayerDecision):

@@ -46,9 +46,10 @@ def checkpoint(scheme: str, storage: KvBStorage, settings: Settings) -> str:
     flags = flags_on(settings)
     verb = "apply" if settings.fp4bmm and settings.fp8bmm else "applies"
     tail = f"; {flags} {verb} only to unquantized weights" if flags else ""
+    data = "stored MXFP4 values" if storage.stored.name == "mxfp4" else "stored codes and scales"
     return (
-        f"The checkpoint stores it as {storage.stored.detail} ({storage.because}): it runs as {scheme} "
-        f"on the stored codes and scales, not re-quantized{tail}."
+        f"The checkpoint stores it as {storage.stored.detail}, since {storage.because}: it runs as {scheme} "
+        f"on the {data}, not re-quantized{tail}."
     )
 
 

@@ -2,8 +2,10 @@
 
 The model loader applies ``result.for_layer(i)`` to layer ``i``: it builds the BMM scheme
 ``decision.scheme``; when ``decision.uses_checkpoint_data`` it hands the checkpoint's stored codes
-and scales to the scheme unchanged (``decision.stored.block_size`` etc.), otherwise it dequantizes
-the stored weight exactly and lets the scheme's ``prepare`` quantize it.
+and scales to the scheme's ``prepare_quantized`` (fp8_per_block: ``mlaq.bmm.split_kv_b_proj_fp8``;
+``decision.stored.block_size`` says the block), otherwise it dequantizes the stored weight exactly
+and lets the scheme's ``prepare`` quantize it. MXFP4 exception: a checkpoint's MX blocks run along
+kv_lora_rank, which is K only for W_UV^T; W_UK is dequantized (exact) and prepared (see ``stored``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class LayerDecision:
 
     @property
     def uses_checkpoint_data(self) -> bool:
-        """True when the scheme runs the checkpoint's stored codes and scales unchanged."""
+        """True when the scheme runs on the checkpoint's own stored format (no online re-quantization)."""
         return self.stored.quantized and self.scheme == self.stored.scheme
 
     @property
