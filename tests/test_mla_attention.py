@@ -8,7 +8,7 @@ import torch
 from mlaq.bmm import get_scheme
 from mlaq.model.mla import AttnPath, MLAttention
 from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mla_core import Precision, split_kv_b
+from mlaq.model.mla_core import Precision, masked_softmax, split_kv_b
 from mlaq.model.rope import YarnScaling
 
 NAIVE, ABSORBED = AttnPath.NAIVE, AttnPath.ABSORBED
@@ -129,6 +129,32 @@ def test_key_mask_selects_keys(path):
     assert rel(out, ref) <= 1e-6
     full, _ = layer(h, torch.tensor([[8]]), cache, path=path)
     assert rel(out, full) > 1e-3  # the mask did something
+
+
+def test_cache_lens_hide_entries_past_each_rows_length():
+    """Entries at positions >= cache_lens[b] are ignored even where causality alone would show them."""
+    layer = make_layer(DEEPSEEK, seed=7)
+    _, cache = layer(torch.randn(2, 6, 64), arange_pos(2, 6))
+    lens = torch.tensor([6, 3])
+    h = torch.randn(2, 1, 64)
+    pos = torch.tensor([[6], [6]])  # row 1 has a gap: positions 3..5 are garbage, not history
+    outs = []
+    for fill in (0.0, 1e3):
+        garbage = cache.clone()
+        garbage[1, 3:] = fill
+        outs.append(layer(h, pos, garbage, lens, path=ABSORBED)[0])
+    assert torch.equal(outs[0], outs[1])
+    unmasked = layer(h, pos, cache, path=ABSORBED)[0]
+    assert torch.equal(unmasked[0], outs[0][0]) and not torch.allclose(unmasked[1], outs[0][1])
+
+
+def test_softmax_probabilities_round_to_the_compute_dtype():
+    scores = torch.randn(1, 2, 3, 5)
+    mask = torch.ones(1, 3, 5, dtype=torch.bool)
+    p32 = masked_softmax(scores, mask, torch.float32)
+    p16 = masked_softmax(scores, mask, torch.bfloat16)
+    assert p16.dtype == torch.float32 and torch.equal(p16, p32.bfloat16().float())
+    assert not torch.equal(p16, p32)
 
 
 def test_key_mask_too_short_and_wrong_dtype():

@@ -5,7 +5,7 @@ works (DSA indexer weights aside). Typical use::
 
     attn = MLAttention(MLAConfig.from_hf(config_json))
     attn.load_state_dict(weights)                    # HF names
-    attn.prepare("fp8_per_tensor", Precision.DECODE_ONLY)   # split kv_b_proj once, quantize W_UK / W_UV
+    attn.prepare("bf16", Precision.DECODE_ONLY)      # split kv_b_proj once, prepare W_UK / W_UV
     out, entries = attn(hidden, positions)           # prefill, naive path; store ``entries`` in the cache
     out, entries = attn(hidden1, positions1, cache, cache_lens, path=AttnPath.ABSORBED)   # decode
 
@@ -13,6 +13,7 @@ The latent cache row b holds [c_kv | k_pe] for positions 0..cache_lens[b]-1; the
 ``positions``. A query at position p sees cached and new keys at positions <= p (and, if given, where
 ``key_mask`` is True). Shorter rows of a batch are right-padded: give pad tokens positions after the row's
 last real token; their outputs are meaningless and their entries must not be stored.
+Prepared BMM weights are plain attributes, not buffers: move the layer (``.to``) before ``prepare``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ from mlaq.model.mla_core import (
     split_kv_b,
 )
 from mlaq.model.norm import RMSNorm
+
+__all__ = [
+    "AbsorbedWeights",
+    "AttnPath",
+    "MLAConfig",
+    "MLAProjection",
+    "MLAttention",
+    "Precision",
+    "assemble_keys",
+    "attention_mask",
+    "split_kv_b",
+]
 
 
 class AttnPath(Enum):
