@@ -144,7 +144,8 @@ class MLAttention(nn.Module):
         ab = self._absorbed
         if ab is None:
             raise ValueError(
-                "absorbed path: no W_UK/W_UV yet; call prepare(scheme) or set_absorbed(...) after loading weights"
+                "absorbed path: no W_UK/W_UV yet; "
+                "call prepare(scheme) or set_absorbed(...) after loading weights"
             )
         w = self.kv_b_proj.weight
         if ab.source is not None and ab.source != (w.data_ptr(), w._version):
@@ -170,7 +171,8 @@ class MLAttention(nn.Module):
             )
         if tuple(positions.shape) != tuple(hidden.shape[:2]) or positions.is_floating_point():
             raise ValueError(
-                f"positions must be integer (B, T) = {tuple(hidden.shape[:2])}, got {positions.dtype} {tuple(positions.shape)}"
+                f"positions must be integer (B, T) = {tuple(hidden.shape[:2])}, "
+                f"got {positions.dtype} {tuple(positions.shape)}"
             )
         b, t, _ = hidden.shape
         q_latent = None
@@ -238,7 +240,8 @@ class MLAttention(nn.Module):
                 or bool((cache_lens < 0).any() | (cache_lens > cache.shape[1]).any())
             ):
                 raise ValueError(
-                    f"cache_lens must be (B={b},) with values in 0..S={cache.shape[1]}, got {cache_lens.tolist()}"
+                    f"cache_lens must be (B={b},) with values in 0..S={cache.shape[1]}, "
+                    f"got {cache_lens.tolist()}"
                 )
         elif cache_lens is not None:
             raise ValueError("cache_lens given without a cache")

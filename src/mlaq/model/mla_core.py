@@ -150,7 +150,8 @@ def absorbed_attention(
 ) -> Tensor:
     """Attend in latent space with the two BMMs; the cache is never decompressed. -> (B, T, N, V).
 
-    BMM #1 ql = q_nope W_UK, scores = ql . c_kv + q_pe . k_pe, o_latent = softmax @ c_kv, BMM #2 o_latent W_UV^T.
+    BMM #1 ql = q_nope W_UK; scores = ql . c_kv + q_pe . k_pe; o_latent = softmax @ c_kv;
+    BMM #2 out = o_latent W_UV^T.
     """
     b, t, n, p = q_nope.shape
     dtype = q_nope.dtype
