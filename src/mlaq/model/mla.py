@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
+from mlaq.bmm.kv_b import split_kv_b_proj
 from mlaq.bmm.registry import get_scheme
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.mla_core import (
@@ -34,7 +35,6 @@ from mlaq.model.mla_core import (
     assemble_keys,
     attention_mask,
     naive_attention,
-    split_kv_b,
 )
 from mlaq.model.norm import RMSNorm
 
@@ -47,7 +47,6 @@ __all__ = [
     "Precision",
     "assemble_keys",
     "attention_mask",
-    "split_kv_b",
 ]
 
 
@@ -107,9 +106,10 @@ class MLAttention(nn.Module):
         sch = get_scheme(scheme) if isinstance(scheme, str) else scheme
         c = self.config
         weight = self.kv_b_proj.weight.detach()
-        w_uk, w_uv_t = split_kv_b(weight.float(), c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
+        w_uk, w_uv_t = split_kv_b_proj(weight.float(), c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
         source = (weight.data_ptr(), weight._version)
-        self._absorbed = AbsorbedWeights(sch.prepare(w_uk), sch.prepare(w_uv_t), sch, sch, precision, source)
+        prepared = sch.prepare(w_uk.contiguous()), sch.prepare(w_uv_t.contiguous())  # (N, P, L), (N, L, V)
+        self._absorbed = AbsorbedWeights(*prepared, sch, sch, precision, source)
 
     def set_absorbed(
         self,
