@@ -81,7 +81,7 @@ class _Fp8Scheme(BmmScheme):
         self.description = self.arithmetic.format(dtype=dtype.value, max=f"{dtype.max:g}")
 
     def _weight(self, prepared: PreparedWeight) -> Fp8Weight:
-        if not isinstance(prepared, Fp8Weight) or prepared.dtype is not self.dtype:
+        if not isinstance(prepared, Fp8Weight) or prepared.scheme != self.name:
             raise ValueError(f"{self.name} needs a weight prepared by {self.name}, got {prepared.scheme}")
         return prepared
 
