@@ -29,8 +29,12 @@ class PreparedWeight:
     scheme: str
     shape: tuple[int, int, int]  # (N, K, M)
 
-    def dequantize(self) -> Tensor:
-        """The weight the scheme effectively multiplies by, float32 (N, K, M)."""
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The weight the scheme effectively multiplies by, (N, K, M), rounded once to ``dtype``.
+
+        ``torch.float64`` gives the exact value for every scheme in mlaq (an fp8 code times an fp32
+        scale needs up to 28 significant bits, so it is not always exact in float32).
+        """
         raise NotImplementedError
 
 
@@ -40,16 +44,17 @@ class DenseWeight(PreparedWeight):
 
     weight: Tensor  # (N, K, M), in the scheme's storage dtype
 
-    def dequantize(self) -> Tensor:
-        return self.weight.float()
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return self.weight.to(dtype)
 
 
 class BmmScheme(ABC):
     """A named batched-matmul arithmetic; instances are stateless and hashable by name."""
 
-    name: ClassVar[str]
+    # name and description may be set per instance (e.g. the e4m3fnuz variants of the fp8 schemes).
+    name: str
     out_dtype: ClassVar[torch.dtype]
-    description: ClassVar[str]  # the exact arithmetic, one sentence, for reports
+    description: str  # the exact arithmetic, one sentence, for reports
 
     @abstractmethod
     def prepare(self, weight: Tensor) -> PreparedWeight:
@@ -58,6 +63,13 @@ class BmmScheme(ABC):
     @abstractmethod
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
         """(N, B, K) activations times the prepared weight -> float32 (N, B, M), rounded to out_dtype."""
+
+    def activation_values(self, x: Tensor) -> Tensor:
+        """The activations the kernel multiplies by (after its dynamic quantization), float64 (N, B, K).
+
+        Exact; used by ``check_kernel`` for the fp32-accumulation error bound and by reports.
+        """
+        raise NotImplementedError(f"{self.name} does not expose its activation values")
 
     def __call__(self, x: Tensor, weight: Tensor) -> Tensor:
         """Prepare and apply in one go (tests, benchmarks); layers keep the prepared weight."""
@@ -92,6 +104,9 @@ class Fp32Reference(BmmScheme):
         assert isinstance(prepared, DenseWeight)
         return torch.bmm(x.float(), prepared.weight)
 
+    def activation_values(self, x: Tensor) -> Tensor:
+        return x.float().double()
+
 
 class Bf16Reference(BmmScheme):
     """What every engine runs by default: bf16 operands, fp32 accumulation, bf16 output."""
@@ -110,3 +125,6 @@ class Bf16Reference(BmmScheme):
         # bf16 -> fp32 is exact, so an fp32 bmm of the rounded operands is fp32 accumulation.
         acc = torch.bmm(x.to(torch.bfloat16).float(), prepared.weight.float())
         return acc.to(torch.bfloat16).float()
+
+    def activation_values(self, x: Tensor) -> Tensor:
+        return x.to(torch.bfloat16).double()
