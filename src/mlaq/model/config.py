@@ -110,7 +110,12 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, hf: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
-        """Validate a parsed config.json; ``source`` names the file in error messages."""
+        """Validate a parsed config.json; ``source`` names the file in error messages. Multimodal
+        configs that nest the language model under ``text_config`` are read from there."""
+        nested = hf.get("text_config")
+        if isinstance(nested, Mapping) and "kv_lora_rank" not in hf:
+            outer = {k: hf[k] for k in ("quantization_config", "torch_dtype", "dtype") if k in hf}
+            hf = {**outer, **nested}
         if "model_type" not in hf:
             raise ValueError(f"{source}: no 'model_type' field; is this a Hugging Face config.json?")
         arch = get_arch(hf["model_type"])
@@ -228,6 +233,8 @@ def _moe(hf: Mapping[str, Any], arch: ArchSpec, source: str) -> MoEConfig:
 
 def _indexer(hf: Mapping[str, Any], arch: ArchSpec, n_layers: int, source: str) -> IndexerConfig:
     _require(hf, _REQUIRED_DSA, source, arch)
+    if hf["q_lora_rank"] is None:
+        raise ValueError(f"{source}: {arch.model_type} needs q_lora_rank (the DSA indexer reads the q latent)")
     kinds = _indexer_kinds(hf, n_layers, source)
     if kinds[0] is IndexerKind.SHARED:
         raise ValueError(f"{source}: indexer_types[0] is 'shared' but no earlier layer runs an indexer")

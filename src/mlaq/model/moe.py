@@ -52,13 +52,17 @@ def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None)
 class Router(nn.Module):
     """``mlp.gate``: weight (E, hidden) and, for noaux_tc, ``e_score_correction_bias`` (E,) fp32."""
 
-    def __init__(self, hidden_size: int, cfg: MoEConfig) -> None:
+    def __init__(
+        self, hidden_size: int, cfg: MoEConfig, *, dtype: torch.dtype, device: torch.device | str | None
+    ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, hidden_size), requires_grad=False)
+        weight = torch.empty(cfg.n_routed_experts, hidden_size, dtype=dtype, device=device)
+        self.weight = nn.Parameter(weight, requires_grad=False)
         self.e_score_correction_bias: nn.Parameter | None = None
         if cfg.topk_method is TopkMethod.NOAUX_TC:
-            bias = torch.empty(cfg.n_routed_experts, dtype=torch.float32)
+            # kept in fp32 whatever the compute dtype (transformers: _keep_in_fp32_modules_strict)
+            bias = torch.empty(cfg.n_routed_experts, dtype=torch.float32, device=device)
             self.e_score_correction_bias = nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -71,15 +75,23 @@ class Router(nn.Module):
 class MoE(nn.Module):
     """Routed experts plus ``n_shared_experts`` always-on experts fused into one MLP."""
 
-    def __init__(self, hidden_size: int, cfg: MoEConfig) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        cfg: MoEConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.gate = Router(hidden_size, cfg)
+        kw = {"dtype": dtype, "device": device}
+        self.gate = Router(hidden_size, cfg, **kw)
         self.experts = nn.ModuleList(
-            DenseMLP(hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.n_routed_experts)
+            DenseMLP(hidden_size, cfg.moe_intermediate_size, **kw) for _ in range(cfg.n_routed_experts)
         )
         self.shared_experts = (
-            DenseMLP(hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
+            DenseMLP(hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, **kw)
             if cfg.n_shared_experts > 0
             else None
         )
