@@ -70,7 +70,10 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         },
     ),
-    "deepseek_v3": ("DeepseekV3Config", {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "rope_parameters": _YARN}),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "rope_parameters": _YARN},
+    ),
     "kimi_k2": ("DeepseekV3Config", {**_DEEPSEEK, "n_group": 1, "topk_group": 1, "rope_parameters": _YARN}),
     "deepseek_v32": ("DeepseekV32Config", {**_DEEPSEEK, **_DSA, "n_group": 2, "topk_group": 1}),
     "glm_moe_dsa": (
@@ -254,7 +257,10 @@ def quantize_checkpoint(
             scale = (amax / 448.0).float()
             codes = (t / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
             value = (codes.double() * scale.double()).float()
-            out[name], out[f"{module}.weight_scale"] = codes, scale.reshape(-1) if strategy == "tensor" else scale
+            out[name], out[f"{module}.weight_scale"] = (
+                codes,
+                scale.reshape(-1) if strategy == "tensor" else scale,
+            )
         elif method == "quark_mxfp4":
             packed, scales, value = mxfp4(t)
             out[name], out[f"{module}.weight_scale"] = packed, scales
@@ -279,7 +285,10 @@ def _quant_config(method: str, skip: tuple[str, ...], strategy: str) -> dict[str
         mx = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "scale_format": "e8m0"}
         return {
             "quant_method": "quark",
-            "global_quant_config": {"weight": {**mx, "is_dynamic": False}, "input_tensors": {**mx, "is_dynamic": True}},
+            "global_quant_config": {
+                "weight": {**mx, "is_dynamic": False},
+                "input_tensors": {**mx, "is_dynamic": True},
+            },
             "exclude": ["lm_head", "re:.*mlp.gate$", *[f"re:.*{s}.*" for s in skip]],
             "layer_quant_config": {},
         }

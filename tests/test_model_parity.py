@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import ARCHS, hf_checkpoint
 
 from mlaq.model import ModelCache, load_model
 from mlaq.settings import Settings
+from model_helpers import ARCHS, hf_checkpoint
 
 TOL = 1e-4
 OFF = Settings(fp8bmm=False, fp4bmm=False)

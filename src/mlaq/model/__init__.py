@@ -1,11 +1,13 @@
 """Models: MLA attention, DeepSeek-V3-family decoder layers, MoE, MTP, checkpoint loading.
 
+Public API::
+
     from mlaq.model import load_model, ModelCache
-    model = load_model("path/to/checkpoint")          # policy decisions applied: model.bmm_decisions
+    model = load_model("path/to/checkpoint")        # policy decisions applied: model.bmm_decisions
     cache = ModelCache()
-    out = model.prefill(ids, cache)                  # (B, T) ids -> out.logits (B, T, V), out.hidden
-    out = model.decode(next_ids, cache)              # absorbed MLA over the latent cache
-    draft = model.mtp_step(next_ids, out.hidden, cache)   # MTP logits for the token after next
+    out = model.prefill(ids, cache)                # (B, T) ids -> out.logits (B, T, V), out.hidden
+    out = model.decode(next_ids, cache)            # absorbed MLA over the latent cache, T >= 1
+    draft = model.mtp_step(next_ids, out.hidden, cache)  # MTP logits for the token after next
 """
 
 from mlaq.model.cache import LayerCache, ModelCache
@@ -22,9 +24,9 @@ __all__ = [
     "DeepseekForCausalLM",
     "IndexerConfig",
     "LayerCache",
+    "MoEConfig",
     "ModelCache",
     "ModelConfig",
-    "MoEConfig",
     "Precision",
     "load_model",
     "supported_model_types",

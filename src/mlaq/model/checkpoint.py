@@ -41,7 +41,9 @@ class SafetensorsCheckpoint:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{index}: not a safetensors index (needs a 'weight_map' object): {exc}") from exc
+                raise ValueError(
+                    f"{index}: not a safetensors index (needs a 'weight_map' object): {exc}"
+                ) from exc
             files = sorted({self.directory / f for f in weight_map.values()})
             missing = [f.name for f in files if not f.is_file()]
             if missing:
@@ -64,7 +66,9 @@ class SafetensorsCheckpoint:
                 self._handles[file] = handle
                 for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     if name in self._where:
-                        raise ValueError(f"tensor {name!r} is stored twice: in {self._where[name]} and {file}")
+                        raise ValueError(
+                            f"tensor {name!r} is stored twice: in {self._where[name]} and {file}"
+                        )
                     self._where[name] = file
         except BaseException:
             self._stack.close()

@@ -234,7 +234,9 @@ def _moe(hf: Mapping[str, Any], arch: ArchSpec, source: str) -> MoEConfig:
 def _indexer(hf: Mapping[str, Any], arch: ArchSpec, n_layers: int, source: str) -> IndexerConfig:
     _require(hf, _REQUIRED_DSA, source, arch)
     if hf["q_lora_rank"] is None:
-        raise ValueError(f"{source}: {arch.model_type} needs q_lora_rank (the DSA indexer reads the q latent)")
+        raise ValueError(
+            f"{source}: {arch.model_type} needs q_lora_rank (the DSA indexer reads the q latent)"
+        )
     kinds = _indexer_kinds(hf, n_layers, source)
     if kinds[0] is IndexerKind.SHARED:
         raise ValueError(f"{source}: indexer_types[0] is 'shared' but no earlier layer runs an indexer")

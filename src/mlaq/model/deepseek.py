@@ -106,7 +106,9 @@ class DeepseekForCausalLM(nn.Module):
         return torch.arange(start, start + t, device=input_ids.device).expand(b, t)  # (B, T)
 
     @torch.no_grad()
-    def forward(self, input_ids: Tensor, cache: ModelCache | None = None, *, path: AttnPath) -> CausalLMOutput:
+    def forward(
+        self, input_ids: Tensor, cache: ModelCache | None = None, *, path: AttnPath
+    ) -> CausalLMOutput:
         """Run the main layers over ``input_ids`` (B, T) after the ``cache.length()`` cached tokens."""
         cache = ModelCache() if cache is None else cache
         positions = self._positions(input_ids, cache.length(0))
@@ -141,7 +143,9 @@ class DeepseekForCausalLM(nn.Module):
         (B, T, H) are given, at the positions after that MTP layer's cached ones. Returns the logits of
         the token after each input token and the MTP hidden state (feed it back to chain drafts)."""
         if self.num_mtp_layers == 0:
-            raise ValueError("this model has no MTP layer loaded (num_nextn_predict_layers = 0 or no weights)")
+            raise ValueError(
+                "this model has no MTP layer loaded (num_nextn_predict_layers = 0 or no weights)"
+            )
         layer = self.model.layers[self.config.num_hidden_layers + step % self.num_mtp_layers]
         assert isinstance(layer, MTPLayer)
         if tuple(hidden.shape[:2]) != tuple(input_ids.shape):

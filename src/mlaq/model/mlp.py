@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 

@@ -23,10 +23,7 @@ from mlaq.model.registry import ScoringFunc, TopkMethod
 def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(T, E) fp32 router logits -> (weights (T, k) fp32, expert indices (T, k) int64)."""
     t, e = logits.shape
-    if cfg.scoring_func is ScoringFunc.SOFTMAX:
-        scores = logits.softmax(dim=-1)
-    else:
-        scores = logits.sigmoid()
+    scores = logits.softmax(dim=-1) if cfg.scoring_func is ScoringFunc.SOFTMAX else logits.sigmoid()
     choice = scores if correction_bias is None else scores + correction_bias
     grouped = cfg.topk_method is not TopkMethod.GREEDY and cfg.n_group > 1
     if grouped:

@@ -33,9 +33,7 @@ class SharedHead(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype, device=device)
-        self.head = (
-            nn.Linear(h, cfg.vocab_size, bias=False, dtype=dtype, device=device) if own_head else None
-        )
+        self.head = nn.Linear(h, cfg.vocab_size, bias=False, dtype=dtype, device=device) if own_head else None
 
 
 class MTPLayer(DecoderLayer):

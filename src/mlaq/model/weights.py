@@ -111,10 +111,8 @@ class CheckpointWeight:
 def _dequant_scaled(codes: Tensor, scale: Tensor) -> Tensor:
     out, _ = codes.shape
     scale = scale.float()
-    if scale.numel() == 1:
-        expanded = scale.reshape(1, 1)  # per-tensor
-    else:
-        expanded = scale.reshape(out, 1)  # per-channel (one scale per output row)
+    # per-tensor: one scale; per-channel: one scale per output row
+    expanded = scale.reshape(1, 1) if scale.numel() == 1 else scale.reshape(out, 1)
     # float64 product is exact, then one rounding to fp32 (as Fp8Tensor.dequantize does)
     return (codes.double() * expanded.double()).float()
 
@@ -131,14 +129,18 @@ def read_linear(
         fmt, scale = WeightFormat.FP8_BLOCK, ckpt.get(f"{module}.weight_scale_inv")
         block: tuple[int, int] | None = quant.block
         _expect(codes, (out, k), (torch.float8_e4m3fn,), where)
-        _expect(scale, _grid(shape, quant.block), (torch.float32, torch.bfloat16), where + " weight_scale_inv")
+        _expect(
+            scale, _grid(shape, quant.block), (torch.float32, torch.bfloat16), where + " weight_scale_inv"
+        )
     elif ckpt.has(f"{module}.weight_scale"):
         scale = ckpt.get(f"{module}.weight_scale")
         block = None
         if codes.dtype == torch.uint8:
             fmt = WeightFormat.MXFP4
             _expect(codes, (out, math.ceil(k / 2)), (torch.uint8,), where + " (packed fp4x2)")
-            _expect(scale, (out, math.ceil(k / 32)), (torch.uint8, torch.float8_e8m0fnu), where + " weight_scale")
+            _expect(
+                scale, (out, math.ceil(k / 32)), (torch.uint8, torch.float8_e8m0fnu), where + " weight_scale"
+            )
         else:
             fmt = WeightFormat.FP8_SCALED
             _expect(codes, (out, k), (torch.float8_e4m3fn,), where)
@@ -178,6 +180,8 @@ def _grid(shape: tuple[int, int], block: tuple[int, int]) -> tuple[int, int]:
 def _expect(t: Tensor, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], where: str) -> None:
     if t.dtype not in dtypes:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise ValueError(f"{where}: dtype {str(t.dtype).removeprefix('torch.')} is not allowed here ({allowed})")
+        raise ValueError(
+            f"{where}: dtype {str(t.dtype).removeprefix('torch.')} is not allowed here ({allowed})"
+        )
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{where}: unexpected shape {tuple(t.shape)}, expected {tuple(shape)}")
