@@ -158,17 +158,25 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor], shards: int = 1)
 
 
 def add_mtp_layer(
-    model: Any, path: Path, *, own_embed: bool = True, own_head: bool = True, seed: int = 1, shards: int = 2
+    model: Any,
+    path: Path,
+    *,
+    own_embed: bool = True,
+    own_head: bool = True,
+    seed: int = 1,
+    shards: int = 2,
+    template_layer: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Add MTP layer ``num_hidden_layers`` to the checkpoint at ``path``: a copy of the last decoder layer's
-    tensor names (random values), enorm, hnorm, eh_proj, shared_head.norm, optional own embed/head.
-    Sets num_nextn_predict_layers=1 and re-saves sharded. Returns the MTP tensors by name."""
+    """Add MTP layer ``num_hidden_layers`` to the checkpoint at ``path``: the tensor names of decoder layer
+    ``template_layer`` (default the last; random values), enorm, hnorm, eh_proj, shared_head.norm and
+    optionally its own embed_tokens / shared_head.head. Sets num_nextn_predict_layers=1 and re-saves
+    sharded. Returns the MTP tensors by name."""
     cfg = model.config
     n, h = cfg.num_hidden_layers, cfg.hidden_size
     tensors = read_tensors(path)
     gen = torch.Generator().manual_seed(seed)
     mtp: dict[str, torch.Tensor] = {}
-    last = f"model.layers.{n - 1}."
+    last = f"model.layers.{n - 1 if template_layer is None else template_layer}."
     for name, t in tensors.items():
         if name.startswith(last):
             new = f"model.layers.{n}." + name[len(last) :]
@@ -189,6 +197,19 @@ def add_mtp_layer(
     write_tensors(path, {**tensors, **mtp}, shards=shards)
     edit_config(path, num_nextn_predict_layers=1)
     return mtp
+
+
+def fused_experts(state: dict[str, torch.Tensor], n_experts: int) -> dict[str, torch.Tensor]:
+    """Per-expert checkpoint tensors -> transformers' fused ``mlp.experts.gate_up_proj`` (E, 2I, H) and
+    ``mlp.experts.down_proj`` (E, H, I), for loading a decoder layer's state into transformers."""
+    out = {k: v for k, v in state.items() if ".experts." not in k}
+    if "mlp.experts.0.gate_proj.weight" in state:
+        ex = [f"mlp.experts.{e}." for e in range(n_experts)]
+        out["mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat((state[p + "gate_proj.weight"], state[p + "up_proj.weight"])) for p in ex]
+        )
+        out["mlp.experts.down_proj"] = torch.stack([state[p + "down_proj.weight"] for p in ex])
+    return out
 
 
 # ---- quantized checkpoints, in the real on-disk formats -------------------------------------------
