@@ -144,12 +144,13 @@ def read_linear(
         else:
             fmt = WeightFormat.FP8_SCALED
             _expect(codes, (out, k), (torch.float8_e4m3fn,), where)
-            if scale.dim() == 2 and tuple(scale.shape) == _grid(shape, quant.block) and scale.shape[1] > 1:
+            grid = _grid(shape, quant.block)
+            if scale.dim() == 2 and tuple(scale.shape) == grid and grid[0] != out:
                 fmt, block = WeightFormat.FP8_BLOCK, quant.block  # compressed-tensors block strategy
             elif scale.numel() not in (1, out):
                 raise ValueError(
                     f"{where} weight_scale: shape {tuple(scale.shape)} is neither per-tensor, per-channel "
-                    f"({out}) nor {quant.block} blocks {_grid(shape, quant.block)}"
+                    f"({out}) nor {quant.block} blocks {grid}"
                 )
             _expect(scale, tuple(scale.shape), (torch.float32, torch.bfloat16), where + " weight_scale")
     else:
