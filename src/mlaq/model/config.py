@@ -174,7 +174,8 @@ def _get(hf: Mapping[str, Any], key: str, default: Any) -> Any:
 
 
 def _require(hf: Mapping[str, Any], keys: tuple[str, ...], source: str, arch: ArchSpec) -> None:
-    missing = [k for k in keys if k not in hf]
+    # q_lora_rank may be null (no q LoRA); every other required field needs a value
+    missing = [k for k in keys if k not in hf or (hf[k] is None and k != "q_lora_rank")]
     if missing:
         raise ValueError(
             f"{source}: {arch.model_type} config is missing required field(s) {', '.join(missing)}; "
