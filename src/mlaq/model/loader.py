@@ -57,9 +57,9 @@ def load_model(
     cfg = ModelConfig.from_dir(path)
     quant = CheckpointQuant.from_hf(cfg.hf, str(path / "config.json"))
     settings = Settings.from_env() if settings is None else settings
-    policy = decide_from_dir(path, settings, quantization_config)
     dtype = checkpoint_dtype(cfg) if dtype is None else dtype
-    with SafetensorsCheckpoint(path) as ckpt:
+    with SafetensorsCheckpoint(path) as ckpt:  # validates the files before the policy reads the index
+        policy = decide_from_dir(path, settings, quantization_config)
         n_mtp = _mtp_layers_present(cfg, ckpt, load_mtp)
         first_mtp = cfg.num_hidden_layers
         model = DeepseekForCausalLM(
