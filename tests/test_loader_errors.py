@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 from mlaq.model import load_model
 from mlaq.model.checkpoint import SafetensorsCheckpoint
 from mlaq.settings import Settings
-from model_helpers import edit_config, hf_checkpoint, quantize_checkpoint, read_tensors, write_tensors
+from model_helpers import edit_config, hf_checkpoint, read_tensors, write_tensors
+from quant_helpers import quantize_checkpoint
 
 OFF = Settings(fp8bmm=False, fp4bmm=False)
 KV_B = "model.layers.1.self_attn.kv_b_proj.weight"
@@ -156,6 +157,12 @@ def test_kv_b_proj_format_disagrees_with_config(ckpt):
 def test_unloadable_quant_method(ckpt):
     edit_config(ckpt, quantization_config={"quant_method": "gptq", "bits": 4})
     with pytest.raises(ValueError, match="gptq"):
+        _load(ckpt)
+
+
+def test_modelopt_weights_are_refused(ckpt):
+    (ckpt / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "NVFP4"}}')
+    with pytest.raises(ValueError, match=r"hf_quant_config\.json: ModelOpt checkpoints"):
         _load(ckpt)
 
 

@@ -27,7 +27,7 @@ def test_deepseek_v3_published_config():
     assert (moe.n_group, moe.topk_group, moe.num_experts_per_tok) == (8, 4, 8)
     assert (moe.scoring_func, moe.topk_method) == (ScoringFunc.SIGMOID, TopkMethod.NOAUX_TC)
     assert moe.routed_scaling_factor == 2.5 and moe.norm_topk_prob
-    assert cfg.rope_interleave and cfg.indexer is None and cfg.q_lora_rank == 1536
+    assert cfg.indexer is None and cfg.q_lora_rank == 1536
 
 
 def test_glm5_published_config():

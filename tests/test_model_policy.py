@@ -10,7 +10,8 @@ import torch
 
 from mlaq.model import ModelCache, Precision, load_model
 from mlaq.settings import Settings
-from model_helpers import add_mtp_layer, edit_config, hf_checkpoint, quantize_checkpoint
+from model_helpers import add_mtp_layer, edit_config, hf_checkpoint
+from quant_helpers import quantize_checkpoint
 
 
 @pytest.fixture(autouse=True)
