@@ -19,6 +19,7 @@ emulate the others (1e-10 vLLM Triton, 1/512 vLLM CUDA, 1e-4 DeepSeek).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -37,27 +38,24 @@ class Fp8Dtype(Enum):
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _TORCH[self]
+        return {
+            Fp8Dtype.E4M3FN: torch.float8_e4m3fn,
+            Fp8Dtype.E4M3FNUZ: torch.float8_e4m3fnuz,
+            Fp8Dtype.E5M2: torch.float8_e5m2,
+        }[self]
 
     @property
     def max(self) -> float:
         """Largest finite magnitude: 448, 240, 57344."""
-        return _MAX[self]
+        return {Fp8Dtype.E4M3FN: 448.0, Fp8Dtype.E4M3FNUZ: 240.0, Fp8Dtype.E5M2: 57344.0}[self]
 
     @classmethod
     def from_torch(cls, dtype: torch.dtype) -> Fp8Dtype:
-        for k, v in _TORCH.items():
-            if v == dtype:
-                return k
-        raise ValueError(f"{dtype} is not an FP8 dtype mlaq knows; expected one of {list(_TORCH.values())}")
-
-
-_TORCH = {
-    Fp8Dtype.E4M3FN: torch.float8_e4m3fn,
-    Fp8Dtype.E4M3FNUZ: torch.float8_e4m3fnuz,
-    Fp8Dtype.E5M2: torch.float8_e5m2,
-}
-_MAX = {Fp8Dtype.E4M3FN: 448.0, Fp8Dtype.E4M3FNUZ: 240.0, Fp8Dtype.E5M2: 57344.0}
+        for member in cls:
+            if member.torch_dtype == dtype:
+                return member
+        known = [m.torch_dtype for m in cls]
+        raise ValueError(f"{dtype} is not an FP8 dtype mlaq knows; expected one of {known}")
 
 
 def fp8_cast(x: Tensor, dtype: Fp8Dtype) -> Tensor:
@@ -134,6 +132,8 @@ def quantize_fp8(x: Tensor, dtype: Fp8Dtype, block: Block, *, amax_floor: float 
 
     A NaN in a block makes that block's scale NaN (and its codes NaN): it is not hidden.
     """
+    if not (amax_floor >= 0 and math.isfinite(amax_floor)):
+        raise ValueError(f"amax_floor must be a finite number >= 0, got {amax_floor!r}")
     lengths = resolve_block(x.shape, block)
     xf = x.float()
     amax = block_amax(xf, lengths)  # fp32, one per block

@@ -22,7 +22,10 @@ from mlaq.formats.e2m1 import e2m1_decode, e2m1_encode, e2m1_round, pack_e2m1, u
 from mlaq.formats.fp8 import Fp8Dtype, fp8_cast
 from mlaq.formats.scale_rules import E8M0_BIAS, E8M0_NAN, MxElem, ScaleRule, e8m0_decode, e8m0_scale_exponent
 
-_FP8_OF = {MxElem.E4M3: Fp8Dtype.E4M3FN, MxElem.E5M2: Fp8Dtype.E5M2}
+
+def _fp8_of(elem: MxElem) -> Fp8Dtype:
+    """The FP8 type of an MXFP8 element (OCP E4M3 / E5M2)."""
+    return {MxElem.E4M3: Fp8Dtype.E4M3FN, MxElem.E5M2: Fp8Dtype.E5M2}[elem]
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class MxTensor:
         """The unscaled element values, fp32."""
         if self.elem is MxElem.E2M1:
             return e2m1_decode(self.codes)
-        return self.codes.view(_FP8_OF[self.elem].torch_dtype).float()
+        return self.codes.view(_fp8_of(self.elem).torch_dtype).float()
 
     def dequantize(self) -> Tensor:
         """element * 2^u in fp32 (exact: a <= 4-bit-mantissa value times a power of two)."""
@@ -93,9 +96,9 @@ class MxTensor:
             codes = unpack_e2m1(packed, axis, size)
         else:
             codes = packed.view(torch.uint8) if packed.dtype != torch.uint8 else packed
-            if torch.isnan(codes.view(_FP8_OF[elem].torch_dtype).float()).any():
+            if not torch.isfinite(codes.view(_fp8_of(elem).torch_dtype).float()).all():
                 raise ValueError(
-                    f"{elem.name} checkpoint weight holds NaN element codes; the checkpoint is corrupt"
+                    f"{elem.name} checkpoint weight holds NaN/inf element codes; it is not finite"
                 )
         if (scales == E8M0_NAN).any():
             raise ValueError("MX checkpoint scales hold 0xFF (NaN) bytes; the weight is not finite")
@@ -122,7 +125,9 @@ def _scaled_elements(xb: Tensor, elem: MxElem, rule: ScaleRule) -> tuple[Tensor,
     bad = u == E8M0_NAN - E8M0_BIAS
     inv = torch.exp2((-u).clamp(max=E8M0_BIAS).double()).float()  # 2^-u, exact in fp32
     y = xb * inv.unsqueeze(-1)
-    return u, torch.where(bad.unsqueeze(-1), torch.zeros_like(y), y)
+    if bad.any():
+        y = torch.where(bad.unsqueeze(-1), torch.zeros_like(y), y)
+    return u, y
 
 
 def _unblock(t: Tensor, k: int, axis: int) -> Tensor:
@@ -136,7 +141,7 @@ def quantize_mx(x: Tensor, elem: MxElem, rule: ScaleRule, axis: int = -1, block_
     axis = axis % max(x.dim(), 1)
     xb, k = _blocks(x, axis, block_size)
     u, y = _scaled_elements(xb, elem, rule)
-    codes = e2m1_encode(y) if elem is MxElem.E2M1 else fp8_cast(y, _FP8_OF[elem]).view(torch.uint8)
+    codes = e2m1_encode(y) if elem is MxElem.E2M1 else fp8_cast(y, _fp8_of(elem)).view(torch.uint8)
     scales = (u + E8M0_BIAS).to(torch.uint8).movedim(-1, axis).contiguous()
     return MxTensor(_unblock(codes, k, axis), scales, elem, rule, axis, block_size, tuple(x.shape))
 
@@ -146,7 +151,7 @@ def mx_fake_quant(x: Tensor, elem: MxElem, rule: ScaleRule, axis: int = -1, bloc
     axis = axis % max(x.dim(), 1)
     xb, k = _blocks(x, axis, block_size)
     u, y = _scaled_elements(xb, elem, rule)
-    q = e2m1_round(y) if elem is MxElem.E2M1 else fp8_cast(y, _FP8_OF[elem]).float()
+    q = e2m1_round(y) if elem is MxElem.E2M1 else fp8_cast(y, _fp8_of(elem)).float()
     scale = torch.exp2(u.clamp(max=E8M0_BIAS).double()).float()
     scale = torch.where(u == E8M0_NAN - E8M0_BIAS, torch.full_like(scale, float("nan")), scale)
     return _unblock(q * scale.unsqueeze(-1), k, axis)
