@@ -16,6 +16,7 @@ from mlaq import __version__
 # name -> (module, one-line help). Modules are imported lazily.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench-bmm": ("mlaq.bench_bmm", "time every BMM scheme and an absorbed decode step"),
+    "explain": ("mlaq.explain", "show which BMM scheme each MLA layer's kv_b_proj gets, and why"),
 }
 
 

@@ -10,6 +10,14 @@ A scheme quantizes the weight ONCE in ``prepare`` (at load) and emulates the nam
 arithmetic in ``apply``: exact dequantization, fp32 accumulation, output rounded as the engine does.
 ``apply`` returns float32 tensors whose values are already rounded to ``out_dtype`` so that callers
 can stay in fp32 without losing the emulation.
+
+Accumulation: a kernel accumulates in fp32 in an order of its own (tiles, split-K), so no single
+fp32 order is "the" kernel's. Every emulation here forms the dot products exactly (in float64,
+where products of the quantized operands are exact and their sums all but always are) and rounds
+once to fp32: the correctly rounded value, which every fp32 order approaches within Higham's bound
+(``check_kernel`` uses it). A side effect the engines' per-token schemes share: a row's result does
+not depend on the other rows of the batch (torch's fp32 CPU bmm does not give that: its blocking,
+and so its summation order, changes with the batch size).
 """
 
 from __future__ import annotations
@@ -29,8 +37,12 @@ class PreparedWeight:
     scheme: str
     shape: tuple[int, int, int]  # (N, K, M)
 
-    def dequantize(self) -> Tensor:
-        """The weight the scheme effectively multiplies by, float32 (N, K, M)."""
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The weight the scheme effectively multiplies by, (N, K, M), rounded once to ``dtype``.
+
+        ``torch.float64`` gives the exact value for every scheme in mlaq (an fp8 code times an fp32
+        scale needs up to 28 significant bits, so it is not always exact in float32).
+        """
         raise NotImplementedError
 
 
@@ -40,16 +52,17 @@ class DenseWeight(PreparedWeight):
 
     weight: Tensor  # (N, K, M), in the scheme's storage dtype
 
-    def dequantize(self) -> Tensor:
-        return self.weight.float()
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return self.weight.to(dtype)
 
 
 class BmmScheme(ABC):
     """A named batched-matmul arithmetic; instances are stateless and hashable by name."""
 
-    name: ClassVar[str]
+    # name and description may be set per instance (e.g. the e4m3fnuz variants of the fp8 schemes).
+    name: str
     out_dtype: ClassVar[torch.dtype]
-    description: ClassVar[str]  # the exact arithmetic, one sentence, for reports
+    description: str  # the exact arithmetic, one sentence, for reports
 
     @abstractmethod
     def prepare(self, weight: Tensor) -> PreparedWeight:
@@ -58,6 +71,13 @@ class BmmScheme(ABC):
     @abstractmethod
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
         """(N, B, K) activations times the prepared weight -> float32 (N, B, M), rounded to out_dtype."""
+
+    def activation_values(self, x: Tensor) -> Tensor:
+        """The activations the kernel multiplies by (after its dynamic quantization), float64 (N, B, K).
+
+        Exact; used by ``check_kernel`` for the fp32-accumulation error bound and by reports.
+        """
+        raise NotImplementedError(f"{self.name} does not expose its activation values")
 
     def __call__(self, x: Tensor, weight: Tensor) -> Tensor:
         """Prepare and apply in one go (tests, benchmarks); layers keep the prepared weight."""
@@ -82,7 +102,7 @@ class Fp32Reference(BmmScheme):
 
     name = "fp32"
     out_dtype = torch.float32
-    description = "fp32 weights and activations, fp32 accumulation, fp32 output"
+    description = "fp32 weights and activations, exact products summed and rounded once to fp32"
 
     def prepare(self, weight: Tensor) -> PreparedWeight:
         return DenseWeight(self.name, tuple(weight.shape), weight.detach().float().contiguous())
@@ -90,7 +110,10 @@ class Fp32Reference(BmmScheme):
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
         check_operands(x, prepared)
         assert isinstance(prepared, DenseWeight)
-        return torch.bmm(x.float(), prepared.weight)
+        return torch.bmm(x.float().double(), prepared.weight.double()).float()
+
+    def activation_values(self, x: Tensor) -> Tensor:
+        return x.float().double()
 
 
 class Bf16Reference(BmmScheme):
@@ -107,6 +130,9 @@ class Bf16Reference(BmmScheme):
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
         check_operands(x, prepared)
         assert isinstance(prepared, DenseWeight)
-        # bf16 -> fp32 is exact, so an fp32 bmm of the rounded operands is fp32 accumulation.
-        acc = torch.bmm(x.to(torch.bfloat16).float(), prepared.weight.float())
+        # bf16 products are exact in float64 (and fp32); the sum is rounded once to fp32, then bf16.
+        acc = torch.bmm(x.to(torch.bfloat16).double(), prepared.weight.double()).float()
         return acc.to(torch.bfloat16).float()
+
+    def activation_values(self, x: Tensor) -> Tensor:
+        return x.to(torch.bfloat16).double()

@@ -1,19 +1,39 @@
-"""Scheme names -> scheme objects. Names follow vLLM's online-quantization shorthands."""
+"""Scheme names -> scheme objects. Names follow vLLM's online-quantization shorthands.
+
+FP8 schemes use e4m3fn (NVIDIA, AMD gfx950); the suffix ``_fnuz`` names the same scheme over
+e4m3fnuz (AMD gfx942 / MI300), e.g. ``fp8_per_tensor_fnuz``.
+"""
 
 from __future__ import annotations
 
-from mlaq.bmm.base import Bf16Reference, BmmScheme, Fp32Reference
+from collections.abc import Callable
 
-_SCHEMES: tuple[type[BmmScheme], ...] = (Fp32Reference, Bf16Reference)
+from mlaq.bmm.base import Bf16Reference, BmmScheme, Fp32Reference
+from mlaq.bmm.fp8 import Fp8PerBlock, Fp8PerChannel, Fp8PerHead, Fp8PerTensor
+from mlaq.bmm.mx import Mxfp4, Mxfp4W4A16, Mxfp8
+from mlaq.formats import Fp8Dtype
+
+_FP8 = (Fp8PerTensor, Fp8PerHead, Fp8PerChannel, Fp8PerBlock)
+
+
+def _factories() -> dict[str, Callable[[], BmmScheme]]:
+    table: dict[str, Callable[[], BmmScheme]] = {"fp32": Fp32Reference, "bf16": Bf16Reference}
+    for cls in _FP8:
+        table[cls.base_name] = cls
+    table.update({"mxfp4": Mxfp4, "mxfp4_w4a16": Mxfp4W4A16, "mxfp8": Mxfp8})
+    for cls in _FP8:
+        table[f"{cls.base_name}_fnuz"] = lambda cls=cls: cls(Fp8Dtype.E4M3FNUZ)
+    return table
 
 
 def scheme_names() -> tuple[str, ...]:
-    return tuple(s.name for s in _SCHEMES)
+    """Every registered name: references, fp8 (e4m3fn), MX, then the e4m3fnuz variants."""
+    return tuple(_factories())
 
 
 def get_scheme(name: str) -> BmmScheme:
     """The scheme called ``name``; an unknown name is an error listing the known ones."""
-    for cls in _SCHEMES:
-        if cls.name == name:
-            return cls()
-    raise ValueError(f"unknown BMM scheme {name!r}; known schemes: {', '.join(scheme_names())}")
+    factory = _factories().get(name)
+    if factory is None:
+        raise ValueError(f"unknown BMM scheme {name!r}; known schemes: {', '.join(scheme_names())}")
+    return factory()

@@ -1,0 +1,41 @@
+"""kv_b_proj -> the two absorbed-BMM weights in the (N, K, M) layout every scheme takes.
+
+kv_b_proj's weight is [N * (P + V), L] (out, in): per head n, rows [n(P+V), n(P+V)+P) are W_UK[n]
+(P x L) and the next V rows are W_UV[n] (V x L). The BMMs use
+  q absorption     (N, B, P) @ W_UK          (N, K=P, M=L)
+  V up-projection  (N, B, L) @ W_UV^T        (N, K=L, M=V)
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from mlaq.formats import Fp8Tensor
+
+
+def split_kv_b_proj(
+    weight: Tensor, num_heads: int, qk_nope_head_dim: int, v_head_dim: int
+) -> tuple[Tensor, Tensor]:
+    """[N*(P+V), L] -> (W_UK (N, P, L), W_UV^T (N, L, V)), views of ``weight`` where possible."""
+    rows, lora = weight.shape if weight.dim() == 2 else (-1, -1)
+    want = num_heads * (qk_nope_head_dim + v_head_dim)
+    if weight.dim() != 2 or rows != want:
+        raise ValueError(
+            f"kv_b_proj weight of shape {tuple(weight.shape)} does not fit num_heads={num_heads}, "
+            f"qk_nope_head_dim={qk_nope_head_dim}, v_head_dim={v_head_dim}: expected [{want}, kv_lora_rank]"
+        )
+    per_head = weight.view(num_heads, qk_nope_head_dim + v_head_dim, lora)  # (N, P+V, L)
+    w_uk, w_uv = per_head.split([qk_nope_head_dim, v_head_dim], dim=1)  # (N, P, L), (N, V, L)
+    return w_uk, w_uv.transpose(1, 2)
+
+
+def split_kv_b_proj_fp8(
+    weight: Fp8Tensor, num_heads: int, qk_nope_head_dim: int, v_head_dim: int
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """A block-FP8 kv_b_proj (DeepSeek-V3 ``weight`` + ``weight_scale_inv``) -> ((codes, scale) of W_UK,
+    (codes, scale) of W_UV^T), scales expanded per element: the input of
+    ``Fp8PerBlock.prepare_quantized``. Exact for any geometry, including blocks that straddle heads."""
+    scale = weight.expanded_scale().contiguous()  # [N*(P+V), L] fp32
+    uk_c, uv_c = split_kv_b_proj(weight.codes, num_heads, qk_nope_head_dim, v_head_dim)
+    uk_s, uv_s = split_kv_b_proj(scale, num_heads, qk_nope_head_dim, v_head_dim)
+    return (uk_c.contiguous(), uk_s.contiguous()), (uv_c.contiguous(), uv_s.contiguous())

@@ -1,0 +1,106 @@
+"""One DeepSeek-V3-family decoder layer: RMSNorm -> MLA (+ DSA indexer) -> residual -> RMSNorm -> MLP/MoE.
+
+Parameter names are Hugging Face's (``input_layernorm``, ``self_attn.*``, ``self_attn.indexer.*``,
+``post_attention_layernorm``, ``mlp.*``), so a checkpoint's tensors map onto it one to one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mlaq.model.cache import LayerCache
+from mlaq.model.config import ModelConfig
+from mlaq.model.dsa import Indexer
+from mlaq.model.mla import AttnPath, MLAttention
+from mlaq.model.mla_config import MLAConfig
+from mlaq.model.mla_core import assemble_keys, attention_mask
+from mlaq.model.mlp import DenseMLP
+from mlaq.model.moe import MoE
+from mlaq.model.norm import RMSNorm
+from mlaq.model.registry import IndexerKind, MlpKind
+
+
+class DecoderLayer(nn.Module):
+    """Layer ``layer`` of the checkpoint (an MTP layer's block too: see :class:`MTPLayer`)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        mla_cfg: MLAConfig,
+        layer: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.layer = layer
+        h = cfg.hidden_size
+        kw = {"dtype": dtype, "device": device}
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, **kw)
+        self.self_attn = MLAttention(mla_cfg, **kw)
+        self.indexer_kind = cfg.indexer_kind(layer)
+        if self.indexer_kind is IndexerKind.FULL:
+            assert cfg.indexer is not None and cfg.q_lora_rank is not None  # checked by ModelConfig
+            # registered under self_attn so its parameters are named self_attn.indexer.* as on disk
+            self.self_attn.indexer = Indexer(h, cfg.q_lora_rank, cfg.indexer, mla_cfg.rope, **kw)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, **kw)
+        if cfg.mlp_kind(layer) is MlpKind.SPARSE:
+            assert cfg.moe is not None
+            self.mlp: nn.Module = MoE(h, cfg.moe, **kw)
+        else:
+            self.mlp = DenseMLP(h, cfg.intermediate_size, **kw)
+
+    @property
+    def indexer(self) -> Indexer | None:
+        return getattr(self.self_attn, "indexer", None)
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        cache: LayerCache | None,
+        path: AttnPath,
+        shared_key_mask: Tensor | None = None,
+    ) -> tuple[Tensor, LayerCache, Tensor | None]:
+        """x (B, T, H) at positions (B, T) -> (output (B, T, H), the layer's updated cache, DSA key mask).
+
+        ``shared_key_mask`` (B, T, K): the selection of the previous full-indexer layer, which a
+        ``shared`` DSA layer reuses (GLM-5); the returned key mask is this layer's selection (or None).
+        """
+        attn_out, new_cache, key_mask = self._attention(
+            self.input_layernorm(x), positions, cache, path, shared_key_mask
+        )
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, new_cache, key_mask
+
+    def _attention(
+        self,
+        h: Tensor,
+        positions: Tensor,
+        cache: LayerCache | None,
+        path: AttnPath,
+        shared_key_mask: Tensor | None,
+    ) -> tuple[Tensor, LayerCache, Tensor | None]:
+        attn = self.self_attn
+        proj = attn.project(h, positions)
+        # keys (B, K, L+R) by position: the old cache with the new entries written at `positions`
+        keys, valid = assemble_keys(None if cache is None else cache.latent, None, proj.latent, positions)
+        index_keys = None
+        key_mask = None
+        indexer = self.indexer
+        if indexer is not None:
+            new_index_keys = indexer.keys(h, positions)  # (B, T, D)
+            old = None if cache is None else cache.index_keys
+            index_keys, _ = assemble_keys(old, None, new_index_keys, positions)  # (B, K, D)
+            assert proj.q_latent is not None
+            scores = indexer.scores(h, proj.q_latent, positions, index_keys)  # (B, T, K)
+            key_mask = indexer.select(scores, attention_mask(positions, valid))
+        elif self.indexer_kind is IndexerKind.SHARED:
+            if shared_key_mask is None:
+                raise ValueError(f"layer {self.layer} shares DSA top-k but no earlier layer computed one")
+            key_mask = shared_key_mask
+        mask = attention_mask(positions, valid, key_mask)  # (B, T, K) bool
+        out = attn.attend(proj.q_nope, proj.q_pe, keys, mask, path)
+        return out, LayerCache(keys, index_keys), key_mask

@@ -1,0 +1,160 @@
+"""The DeepSeek-V3-family causal LM: embeddings, decoder layers, final norm, lm_head, MTP layers.
+
+One class serves every supported ``model_type`` (see registry); the config decides the parts. Inputs
+are token ids (B, T); every row of a batch sits at the same positions, continuing its cache::
+
+    out = model.prefill(ids, cache)           # naive MLA (prefill), cache: ModelCache filled in place
+    out = model.decode(next_ids, cache)       # absorbed MLA, T >= 1 new tokens (decode, verification)
+    mtp = model.mtp_step(draft_in, out.hidden[:, -1:], cache)   # MTP logits for the token after next
+
+Logits are float32 (B, T, vocab); ``hidden`` is the final hidden state after ``model.norm`` (what the
+MTP layer consumes, vLLM's convention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mlaq.model.cache import ModelCache
+from mlaq.model.config import ModelConfig
+from mlaq.model.decoder import DecoderLayer
+from mlaq.model.mla import AttnPath
+from mlaq.model.mla_config import MLAConfig
+from mlaq.model.mtp import MTPLayer
+from mlaq.model.norm import RMSNorm
+
+
+@dataclass(frozen=True)
+class CausalLMOutput:
+    logits: Tensor  # (B, T, vocab) float32
+    hidden: Tensor  # (B, T, H): after model.norm for the main model; before shared_head.norm for MTP
+
+
+class DeepseekModel(nn.Module):
+    """``model.*``: embed_tokens, layers (main then MTP, checkpoint indices), norm."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        mla_cfg: MLAConfig,
+        *,
+        num_mtp_layers: int,
+        mtp_own_embed: bool,
+        mtp_own_head: bool,
+        dtype: torch.dtype,
+        device: torch.device | str | None,
+    ) -> None:
+        super().__init__()
+        kw: dict[str, Any] = {"dtype": dtype, "device": device}
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **kw)
+        n = cfg.num_hidden_layers
+        layers: list[DecoderLayer] = [DecoderLayer(cfg, mla_cfg, i, **kw) for i in range(n)]
+        layers += [
+            MTPLayer(cfg, mla_cfg, n + i, own_embed=mtp_own_embed, own_head=mtp_own_head, **kw)
+            for i in range(num_mtp_layers)
+        ]
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+
+
+class DeepseekForCausalLM(nn.Module):
+    """Build with :func:`mlaq.model.load_model`; constructing it directly gives unloaded weights."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        num_mtp_layers: int | None = None,
+        mtp_own_embed: bool = False,
+        mtp_own_head: bool = False,
+    ) -> None:
+        super().__init__()
+        self.config = cfg
+        self.mla_config = MLAConfig.from_hf(cfg.hf)
+        n_mtp = cfg.num_nextn_predict_layers if num_mtp_layers is None else num_mtp_layers
+        self.model = DeepseekModel(
+            cfg,
+            self.mla_config,
+            num_mtp_layers=n_mtp,
+            mtp_own_embed=mtp_own_embed,
+            mtp_own_head=mtp_own_head,
+            dtype=dtype,
+            device=device,
+        )
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, device=device)
+        self.bmm_decisions: tuple[Any, ...] = ()  # policy LayerDecisions, one per MLA layer (load_model)
+        self.policy: Any = None  # the PolicyResult they came from
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.norm.weight.dtype
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return len(self.model.layers) - self.config.num_hidden_layers
+
+    def _positions(self, input_ids: Tensor, start: int) -> Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (B, T) token ids, got shape {tuple(input_ids.shape)}")
+        b, t = input_ids.shape
+        return torch.arange(start, start + t, device=input_ids.device).expand(b, t)  # (B, T)
+
+    @torch.no_grad()
+    def forward(
+        self, input_ids: Tensor, cache: ModelCache | None = None, *, path: AttnPath
+    ) -> CausalLMOutput:
+        """Run the main layers over ``input_ids`` (B, T) after the ``cache.length()`` cached tokens."""
+        cache = ModelCache() if cache is None else cache
+        positions = self._positions(input_ids, cache.length(0))
+        x = self.model.embed_tokens(input_ids)  # (B, T, H)
+        key_mask = None  # the last full DSA layer's selection, reused by `shared` layers
+        for layer in self.model.layers[: self.config.num_hidden_layers]:
+            x, entry, mask = layer(x, positions, cache.get(layer.layer), path, key_mask)
+            cache.set(layer.layer, entry)
+            key_mask = mask if mask is not None else key_mask
+        hidden = self.model.norm(x)
+        return CausalLMOutput(self.lm_head(hidden).float(), hidden)
+
+    def prefill(self, input_ids: Tensor, cache: ModelCache | None = None) -> CausalLMOutput:
+        """Naive MLA (decompressed keys/values), as engines run prompts."""
+        return self(input_ids, cache, path=AttnPath.NAIVE)
+
+    def decode(self, input_ids: Tensor, cache: ModelCache) -> CausalLMOutput:
+        """Absorbed MLA (the two BMMs, with the layer's BMM scheme) for T >= 1 new tokens."""
+        return self(input_ids, cache, path=AttnPath.ABSORBED)
+
+    @torch.no_grad()
+    def mtp_step(
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        cache: ModelCache,
+        *,
+        step: int = 0,
+        path: AttnPath = AttnPath.ABSORBED,
+    ) -> CausalLMOutput:
+        """MTP layer ``step % num_mtp_layers``: tokens (B, T) following the tokens whose hidden states
+        (B, T, H) are given, at the positions after that MTP layer's cached ones. Returns the logits of
+        the token after each input token and the MTP hidden state (feed it back to chain drafts)."""
+        if self.num_mtp_layers == 0:
+            raise ValueError(
+                "this model has no MTP layer loaded (num_nextn_predict_layers = 0 or no weights)"
+            )
+        layer = self.model.layers[self.config.num_hidden_layers + step % self.num_mtp_layers]
+        assert isinstance(layer, MTPLayer)
+        if tuple(hidden.shape[:2]) != tuple(input_ids.shape):
+            raise ValueError(
+                f"hidden {tuple(hidden.shape)} must match input_ids {tuple(input_ids.shape)} in (B, T)"
+            )
+        positions = self._positions(input_ids, cache.length(layer.layer))
+        logits, y, entry = layer.predict(
+            input_ids, hidden, positions, cache.get(layer.layer), path, self.model.embed_tokens, self.lm_head
+        )
+        cache.set(layer.layer, entry)
+        return CausalLMOutput(logits, y)

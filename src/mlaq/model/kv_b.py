@@ -1,0 +1,77 @@
+"""Apply one policy decision to one MLA layer: build its absorbed BMM weights W_UK / W_UV^T.
+
+- Rule ``checkpoint`` with block FP8 storage: the checkpoint's own e4m3 codes and 128x128 scales run
+  as ``fp8_per_block`` unchanged (split per head exactly, blocks that straddle heads included).
+- MXFP4 storage used as stored: W_UV^T (K = L, the axis Quark blocks along) keeps its codes and E8M0
+  scales; W_UK (K = P) cannot, so the scheme regroups it from the exactly dequantized weight.
+- Anything else: the stored weight is dequantized exactly (fp32) and the scheme's ``prepare`` quantizes it
+  (re-quantization; lossless only for the reference schemes on an unquantized source).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mlaq.bmm import get_scheme
+from mlaq.bmm.kv_b import split_kv_b_proj_fp8
+from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
+from mlaq.model.mla import MLAttention
+from mlaq.model.mla_core import Precision, split_kv_b
+from mlaq.model.weights import CheckpointWeight, WeightFormat
+
+LOGGER = logging.getLogger("mlaq.model")
+
+# policy StoredFormat.name -> the on-disk format the loader must have found
+_STORED = {
+    "fp8_per_block": WeightFormat.FP8_BLOCK,
+    "fp8_per_channel": WeightFormat.FP8_SCALED,
+    "fp8_per_tensor": WeightFormat.FP8_SCALED,
+    "mxfp4": WeightFormat.MXFP4,
+}
+
+
+def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, precision: Precision) -> None:
+    """Prepare ``attn``'s absorbed BMMs as ``decision`` (a policy LayerDecision) says."""
+    c = attn.config
+    n, p, v = c.num_heads, c.qk_nope_head_dim, c.v_head_dim
+    expected = _STORED.get(decision.stored.name, WeightFormat.DENSE)
+    if decision.stored.quantized and stored.format is not expected:
+        raise ValueError(
+            f"{stored.name}.weight: config.json says kv_b_proj is stored as {decision.stored.name}, but the "
+            f"safetensors file holds {stored.format.value}; the config and the weights disagree"
+        )
+    scheme = get_scheme(decision.scheme)
+    if decision.uses_checkpoint_data and stored.format is WeightFormat.FP8_BLOCK:
+        fp8 = stored.fp8_block()
+        if scheme.name.endswith("_fnuz"):
+            fp8 = e4m3fn_to_e4m3fnuz(fp8)  # reinterpret + double the scales: exact for finite values
+        (uk_codes, uk_scale), (uv_codes, uv_scale) = split_kv_b_proj_fp8(fp8, n, p, v)
+        w_uk = scheme.prepare_quantized(uk_codes, uk_scale)  # type: ignore[attr-defined]
+        w_uv = scheme.prepare_quantized(uv_codes, uv_scale)  # type: ignore[attr-defined]
+    elif decision.uses_checkpoint_data and stored.format is WeightFormat.MXFP4:
+        w_uk_t, _ = split_kv_b(stored.dequantize(), n, p, v)
+        w_uk = scheme.prepare(w_uk_t)
+        w_uv = scheme.prepare_quantized(_mx_w_uv_t(stored, n, p, v))  # type: ignore[attr-defined]
+    else:
+        if decision.uses_checkpoint_data:
+            LOGGER.info(
+                "%s: %s codes re-derived by %s.prepare from the exact dequantized weight",
+                stored.name,
+                stored.format.value,
+                scheme.name,
+            )
+        w_uk_t, w_uv_t = split_kv_b(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
+        w_uk, w_uv = scheme.prepare(w_uk_t), scheme.prepare(w_uv_t)
+    attn.set_absorbed(w_uk, w_uv, scheme, precision=precision)
+
+
+def _mx_w_uv_t(stored: CheckpointWeight, n: int, p: int, v: int) -> MxTensor:
+    """W_UV^T (N, L, V) of a Quark MXFP4 kv_b_proj, codes and E8M0 scales as stored (blocks along L)."""
+    mx = MxTensor.from_packed(stored.codes, stored.scale, MxElem.E2M1, axis=-1)
+    lora = mx.shape[1]
+    codes = mx.codes.view(n, p + v, lora)[:, p:, :].transpose(1, 2)  # (N, V, L) -> (N, L, V)
+    scales = mx.scales.view(n, p + v, -1)[:, p:, :].transpose(1, 2)  # (N, V, L/32) -> (N, L/32, V)
+    return MxTensor(
+        codes.contiguous(), scales.contiguous(), MxElem.E2M1, None, 1, mx.block_size, (n, lora, v)
+    )

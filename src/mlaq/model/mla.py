@@ -1,0 +1,254 @@
+"""Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2, GLM-4.7/5) with naive and absorbed paths.
+
+Parameters carry Hugging Face names, so ``load_state_dict`` of a checkpoint's ``model.layers.i.self_attn.*``
+works (DSA indexer weights aside). Typical use::
+
+    attn = MLAttention(MLAConfig.from_hf(config_json))
+    attn.load_state_dict(weights)                    # HF names
+    attn.prepare("bf16", Precision.DECODE_ONLY)      # split kv_b_proj once, prepare W_UK / W_UV
+    out, entries = attn(hidden, positions)           # prefill, naive path; store ``entries`` in the cache
+    out, entries = attn(hidden1, positions1, cache, cache_lens, path=AttnPath.ABSORBED)   # decode
+
+The latent cache row b holds [c_kv | k_pe] for positions 0..cache_lens[b]-1; the new tokens sit at
+``positions``. A query at position p sees cached and new keys at positions <= p (and, if given, where
+``key_mask`` is True). Shorter rows of a batch are right-padded: give pad tokens positions after the row's
+last real token; their outputs are meaningless and their entries must not be stored.
+Prepared BMM weights are plain attributes, not buffers: move the layer (``.to``) before ``prepare``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+from torch import Tensor, nn
+
+from mlaq.bmm.base import BmmScheme, PreparedWeight
+from mlaq.bmm.registry import get_scheme
+from mlaq.model.mla_config import MLAConfig
+from mlaq.model.mla_core import (
+    AbsorbedWeights,
+    Precision,
+    absorbed_attention,
+    assemble_keys,
+    attention_mask,
+    naive_attention,
+    split_kv_b,
+)
+from mlaq.model.norm import RMSNorm
+
+__all__ = [
+    "AbsorbedWeights",
+    "AttnPath",
+    "MLAConfig",
+    "MLAProjection",
+    "MLAttention",
+    "Precision",
+    "assemble_keys",
+    "attention_mask",
+    "split_kv_b",
+]
+
+
+class AttnPath(Enum):
+    NAIVE = "naive"  # decompress the latent cache (prefill)
+    ABSORBED = "absorbed"  # two BMMs against the latent cache (decode, MTP verification)
+
+
+@dataclass(frozen=True)
+class MLAProjection:
+    """The new tokens' projections, in the compute dtype."""
+
+    q_nope: Tensor  # (B, T, N, P)
+    q_pe: Tensor  # (B, T, N, R), rotated
+    latent: Tensor  # (B, T, L+R): the cache entries [c_kv | k_pe], k_pe rotated
+    q_latent: Tensor | None  # (B, T, Q): q_a_layernorm(q_a_proj(x)), the DSA indexer's input; None w/o q_lora
+
+
+class MLAttention(nn.Module):
+    """One MLA layer. Computes in its parameters' dtype (float32 by default; bf16 allowed)."""
+
+    def __init__(self, config: MLAConfig, *, dtype: torch.dtype = torch.float32, device=None) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        kw = {"dtype": dtype, "device": device}
+        n, qk = c.num_heads, c.qk_head_dim
+        if c.q_lora_rank is None:
+            self.q_proj = nn.Linear(c.hidden_size, n * qk, bias=False, **kw)
+        else:
+            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=c.attention_bias, **kw)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.latent_norm_eps, **kw)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, n * qk, bias=False, **kw)
+        self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, c.latent_dim, bias=c.attention_bias, **kw)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.latent_norm_eps, **kw)
+        self.kv_b_proj = nn.Linear(c.kv_lora_rank, n * (c.qk_nope_head_dim + c.v_head_dim), bias=False, **kw)
+        self.o_proj = nn.Linear(n * c.v_head_dim, c.hidden_size, bias=c.attention_bias, **kw)
+        self.rope = c.rope
+        self._absorbed: AbsorbedWeights | None = None  # plain attribute: not in state_dict
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.kv_a_proj_with_mqa.weight.dtype
+
+    @property
+    def absorbed(self) -> AbsorbedWeights | None:
+        """The prepared BMM weights, or None before ``prepare`` / ``set_absorbed``."""
+        return self._absorbed
+
+    # ---- absorbed weights -------------------------------------------------------------------------
+    def prepare(self, scheme: BmmScheme | str, precision: Precision = Precision.DECODE_ONLY) -> None:
+        """Split kv_b_proj into W_UK (N, P, L) and W_UV^T (N, L, V) and quantize both with ``scheme``.
+
+        Call after the weights are loaded; calling it again re-prepares. Changing kv_b_proj afterwards
+        makes the absorbed path refuse to run until ``prepare`` is called again.
+        """
+        sch = get_scheme(scheme) if isinstance(scheme, str) else scheme
+        c = self.config
+        weight = self.kv_b_proj.weight.detach()
+        w_uk, w_uv_t = split_kv_b(weight.float(), c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
+        source = (weight.data_ptr(), weight._version)
+        self._absorbed = AbsorbedWeights(sch.prepare(w_uk), sch.prepare(w_uv_t), sch, sch, precision, source)
+
+    def set_absorbed(
+        self,
+        w_uk: PreparedWeight,
+        w_uv: PreparedWeight,
+        scheme: BmmScheme,
+        *,
+        scheme_uv: BmmScheme | None = None,
+        precision: Precision = Precision.DECODE_ONLY,
+    ) -> None:
+        """Install already-prepared BMM weights (e.g. built from a checkpoint's FP8 codes and scales):
+        ``w_uk`` of shape (N, P, L) for ``scheme``, ``w_uv`` = W_UV^T of shape (N, L, V) for ``scheme_uv``
+        (default: ``scheme``). kv_b_proj.weight is then used only by the naive path under DECODE_ONLY."""
+        c = self.config
+        sch_uv = scheme if scheme_uv is None else scheme_uv
+        want = {
+            "w_uk": ((c.num_heads, c.qk_nope_head_dim, c.kv_lora_rank), w_uk, scheme),
+            "w_uv": ((c.num_heads, c.kv_lora_rank, c.v_head_dim), w_uv, sch_uv),
+        }
+        for name, (shape, w, sch) in want.items():
+            if tuple(w.shape) != shape:
+                raise ValueError(
+                    f"set_absorbed: {name} has shape {tuple(w.shape)}, expected (N, K, M) = {shape}"
+                )
+            if w.scheme != sch.name:
+                raise ValueError(
+                    f"set_absorbed: {name} was prepared by {w.scheme!r} but is given to {sch.name!r}"
+                )
+        self._absorbed = AbsorbedWeights(w_uk, w_uv, scheme, sch_uv, precision, None)
+
+    def _checked_absorbed(self) -> AbsorbedWeights:
+        ab = self._absorbed
+        if ab is None:
+            raise ValueError(
+                "absorbed path: no W_UK/W_UV yet; call prepare(scheme) or set_absorbed(...) after loading weights"
+            )
+        w = self.kv_b_proj.weight
+        if ab.source is not None and ab.source != (w.data_ptr(), w._version):
+            raise ValueError("kv_b_proj.weight changed after prepare(); call prepare() again")
+        return ab
+
+    def naive_kv_b(self) -> Tensor:
+        """The (N*(P+V), L) weight the naive path decompresses with, in the compute dtype."""
+        ab = self._absorbed
+        if ab is not None and ab.precision is Precision.CONSISTENT:
+            return self._checked_absorbed().kv_b_weight().to(self.dtype)
+        return self.kv_b_proj.weight
+
+    # ---- forward ----------------------------------------------------------------------------------
+    def project(self, hidden: Tensor, positions: Tensor) -> MLAProjection:
+        """hidden (B, T, H), positions (B, T) ints -> queries and the new latent-cache entries."""
+        c = self.config
+        if hidden.dim() != 3 or hidden.shape[-1] != c.hidden_size:
+            raise ValueError(f"hidden must be (B, T, H={c.hidden_size}), got {tuple(hidden.shape)}")
+        if hidden.dtype != self.dtype:
+            raise ValueError(
+                f"hidden is {hidden.dtype} but the layer computes in {self.dtype}; cast it first"
+            )
+        if tuple(positions.shape) != tuple(hidden.shape[:2]) or positions.is_floating_point():
+            raise ValueError(
+                f"positions must be integer (B, T) = {tuple(hidden.shape[:2])}, got {positions.dtype} {tuple(positions.shape)}"
+            )
+        b, t, _ = hidden.shape
+        q_latent = None
+        if c.q_lora_rank is None:
+            q = self.q_proj(hidden)  # (B, T, N*(P+R))
+        else:
+            q_latent = self.q_a_layernorm(self.q_a_proj(hidden))  # (B, T, Q)
+            q = self.q_b_proj(q_latent)  # (B, T, N*(P+R))
+        q = q.view(b, t, c.num_heads, c.qk_head_dim)  # (B, T, N, P+R)
+        q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        kv = self.kv_a_proj_with_mqa(hidden)  # (B, T, L+R)
+        c_kv, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)  # (B, T, L), (B, T, R)
+        cos, sin = self.rope.cos_sin(positions)  # (B, T, R/2) each
+        q_pe = self.rope.apply(q_pe, cos[:, :, None, :], sin[:, :, None, :])  # (B, T, N, R)
+        k_pe = self.rope.apply(k_pe, cos, sin)  # (B, T, R): one rope key shared by all heads
+        latent = torch.cat((self.kv_a_layernorm(c_kv), k_pe), dim=-1)  # (B, T, L+R)
+        return MLAProjection(q_nope, q_pe, latent, q_latent)
+
+    def attend(self, q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, path: AttnPath) -> Tensor:
+        """Attention of queries (B, T, N, P) / (B, T, N, R) over latent keys (B, K, L+R) under a bool mask
+        (B, T, K), then o_proj -> (B, T, H). For engines that assemble keys and masks themselves."""
+        c = self.config
+        b, t = q_nope.shape[:2]
+        if keys.dim() != 3 or keys.shape[0] != b or keys.shape[2] != c.latent_dim:
+            raise ValueError(f"keys must be (B={b}, K, L+R={c.latent_dim}), got {tuple(keys.shape)}")
+        if keys.dtype != self.dtype:
+            raise ValueError(f"latent cache is {keys.dtype} but the layer computes in {self.dtype}")
+        if tuple(mask.shape) != (b, t, keys.shape[1]) or mask.dtype != torch.bool:
+            raise ValueError(
+                f"mask must be bool (B, T, K) = {(b, t, keys.shape[1])}, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        scale = c.softmax_scale
+        if path is AttnPath.NAIVE:
+            o = naive_attention(q_nope, q_pe, keys, mask, self.naive_kv_b(), scale)
+        elif path is AttnPath.ABSORBED:
+            o = absorbed_attention(q_nope, q_pe, keys, mask, self._checked_absorbed(), scale)
+        else:
+            raise ValueError(f"path must be an AttnPath, got {path!r}")
+        return self.o_proj(o.reshape(b, t, c.num_heads * c.v_head_dim))  # (B, T, N*V) -> (B, T, H)
+
+    def forward(
+        self,
+        hidden: Tensor,
+        positions: Tensor,
+        cache: Tensor | None = None,
+        cache_lens: Tensor | None = None,
+        *,
+        path: AttnPath = AttnPath.NAIVE,
+        key_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """hidden (B, T, H) at positions (B, T), over cache (B, S, L+R) with cache_lens (B,) (default S)
+        and an optional extra bool key_mask (B, T, K) in position coordinates (DSA top-k; True = keep).
+        Returns (output (B, T, H), new cache entries (B, T, L+R))."""
+        proj = self.project(hidden, positions)
+        b = hidden.shape[0]
+        if cache is not None:
+            if cache.dim() != 3 or cache.shape[0] != b or cache.shape[2] != self.config.latent_dim:
+                raise ValueError(
+                    f"cache must be (B={b}, S, L+R={self.config.latent_dim}), got {tuple(cache.shape)}"
+                )
+            if cache.dtype != self.dtype:
+                raise ValueError(f"latent cache is {cache.dtype} but the layer computes in {self.dtype}")
+            if cache_lens is not None and (
+                tuple(cache_lens.shape) != (b,)
+                or bool((cache_lens < 0).any() | (cache_lens > cache.shape[1]).any())
+            ):
+                raise ValueError(
+                    f"cache_lens must be (B={b},) with values in 0..S={cache.shape[1]}, got {cache_lens.tolist()}"
+                )
+        elif cache_lens is not None:
+            raise ValueError("cache_lens given without a cache")
+        keys, valid = assemble_keys(cache, cache_lens, proj.latent, positions)
+        mask = attention_mask(positions, valid, key_mask)
+        return self.attend(proj.q_nope, proj.q_pe, keys, mask, path), proj.latent
+
+    def extra_repr(self) -> str:
+        ab = self._absorbed
+        scheme = (
+            "unprepared" if ab is None else f"{ab.scheme_uk.name}/{ab.scheme_uv.name}, {ab.precision.value}"
+        )
+        return f"absorbed BMMs: {scheme}"

@@ -1,0 +1,167 @@
+"""MLA's math as pure functions: kv_b_proj split, key assembly, masks, naive and absorbed attention.
+
+Letters in shapes and einsum strings: b batch, t query token (T), s key position (S), n head (N),
+p qk_nope_head_dim (P), r qk_rope_head_dim (R), l kv_lora_rank (L), v v_head_dim (V), c = L + R.
+A latent-cache entry is [c_kv | k_pe] (c = L + R values), k_pe already rotated.
+Attention arithmetic: score matmuls in float32 on operands held in the compute dtype, softmax in float32,
+probabilities rounded to the compute dtype before the value matmul (what bf16 flash-attention kernels do);
+in float32 every rounding is the identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+from torch import Tensor
+
+from mlaq.bmm.base import BmmScheme, PreparedWeight
+
+
+class Precision(Enum):
+    """Which kv_b weights the naive (prefill) path uses once the absorbed BMMs are prepared."""
+
+    DECODE_ONLY = "decode_only"  # naive: kv_b_proj at checkpoint precision (vLLM); absorbed: the scheme
+    CONSISTENT = "consistent"  # naive: the scheme's dequantized W_UK / W_UV too (one precision for both)
+
+
+@dataclass(frozen=True)
+class AbsorbedWeights:
+    """W_UK and W_UV^T prepared for the two absorbed BMMs, and how the naive path must treat them."""
+
+    w_uk: PreparedWeight  # (N, P, L): q absorption, ql = q_nope @ W_UK
+    w_uv: PreparedWeight  # (N, L, V): V up-projection, out = o_latent @ W_UV^T
+    scheme_uk: BmmScheme
+    scheme_uv: BmmScheme
+    precision: Precision
+    source: tuple[int, int] | None = None  # (data_ptr, _version) of kv_b_proj.weight it was split from
+
+    def kv_b_weight(self) -> Tensor:
+        """The dequantized weights re-joined in kv_b_proj's layout, float32 (N*(P+V), L)."""
+        return join_kv_b(self.w_uk.dequantize(), self.w_uv.dequantize())
+
+
+def split_kv_b(weight: Tensor, num_heads: int, nope_dim: int, v_dim: int) -> tuple[Tensor, Tensor]:
+    """kv_b_proj.weight (N*(P+V), L) -> W_UK (N, P, L) and W_UV^T (N, L, V), the BMM weights."""
+    rows, lora = weight.shape
+    if rows != num_heads * (nope_dim + v_dim):
+        raise ValueError(
+            f"kv_b_proj weight has {rows} rows; expected num_heads*(qk_nope_head_dim+v_head_dim) = "
+            f"{num_heads}*({nope_dim}+{v_dim}) = {num_heads * (nope_dim + v_dim)}"
+        )
+    per_head = weight.view(num_heads, nope_dim + v_dim, lora)  # (N, P+V, L): rows are head-major
+    w_uk = per_head[:, :nope_dim, :]  # (N, P, L)
+    w_uv_t = per_head[:, nope_dim:, :].transpose(1, 2)  # (N, V, L) -> (N, L, V)
+    return w_uk.contiguous(), w_uv_t.contiguous()
+
+
+def join_kv_b(w_uk: Tensor, w_uv_t: Tensor) -> Tensor:
+    """Inverse of split_kv_b: W_UK (N, P, L), W_UV^T (N, L, V) -> (N*(P+V), L)."""
+    lora = w_uk.shape[2]
+    per_head = torch.cat((w_uk, w_uv_t.transpose(1, 2)), dim=1)  # (N, P+V, L)
+    return per_head.reshape(-1, lora)  # (N*(P+V), L)
+
+
+def assemble_keys(
+    cache: Tensor | None, cache_lens: Tensor | None, latent: Tensor, positions: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Write the new entries into a copy of the cache at their positions ("write, then read").
+
+    cache (B, S, C) holds positions 0..cache_lens[b]-1 of row b (rest ignored); latent (B, T, C) are the new
+    tokens' entries at ``positions`` (B, T). Returns keys (B, K, C) indexed by position, K = max(S, max
+    position + 1), and key_valid (B, K): which positions hold a real entry.
+    """
+    b, t, c = latent.shape
+    if bool((positions < 0).any()):
+        raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
+    s = 0 if cache is None else cache.shape[1]
+    num_keys = max(s, int(positions.max()) + 1)
+    keys = latent.new_zeros(b, num_keys, c)
+    valid = torch.zeros(b, num_keys, dtype=torch.bool, device=latent.device)
+    if cache is not None:
+        keys[:, :s] = cache
+        lens = torch.full((b,), s, device=latent.device) if cache_lens is None else cache_lens
+        valid[:, :s] = torch.arange(s, device=latent.device) < lens[:, None]  # (B, S)
+    idx = positions.long()  # (B, T)
+    keys.scatter_(1, idx[:, :, None].expand(b, t, c), latent)
+    valid.scatter_(1, idx, True)
+    return keys, valid
+
+
+def attention_mask(positions: Tensor, key_valid: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    """(B, T, K) bool: query at position p may see key position j iff j <= p, j is valid, and key_mask.
+
+    key_mask (B, T, K') (e.g. DSA's top-k selection, True = keep) is in the same position coordinates;
+    K' must exceed every query position; columns past K are dropped, missing ones count as False
+    (they lie beyond every query position, so causality masks them anyway).
+    """
+    b, k = key_valid.shape
+    key_pos = torch.arange(k, device=key_valid.device)
+    mask = (key_pos[None, None, :] <= positions[:, :, None]) & key_valid[:, None, :]  # (B, T, K)
+    if key_mask is None:
+        return mask
+    t = positions.shape[1]
+    if key_mask.dtype != torch.bool or key_mask.dim() != 3 or tuple(key_mask.shape[:2]) != (b, t):
+        raise ValueError(
+            f"key_mask must be a bool tensor (B={b}, T={t}, K), got {key_mask.dtype} {tuple(key_mask.shape)}"
+        )
+    if key_mask.shape[2] <= int(positions.max()):
+        raise ValueError(
+            f"key_mask covers {key_mask.shape[2]} key positions, but a query sits at position "
+            f"{int(positions.max())}; it must cover positions 0..max(positions)"
+        )
+    if key_mask.shape[2] >= k:
+        return mask & key_mask[:, :, :k]
+    pad = key_mask.new_zeros(b, t, k - key_mask.shape[2])
+    return mask & torch.cat((key_mask, pad), dim=2)
+
+
+def masked_softmax(scores: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """float32 softmax of scores (B, N, T, K) over visible keys (mask (B, T, K)); rows that see no key
+    give zeros, not NaN. Values are rounded to ``dtype`` (the compute dtype) and returned as float32."""
+    m = mask[:, None, :, :]  # (B, 1, T, K)
+    probs = torch.softmax(scores.float().masked_fill(~m, float("-inf")), dim=-1)
+    probs = torch.where(m.any(-1, keepdim=True), probs, torch.zeros((), device=probs.device))
+    return probs.to(dtype).float()
+
+
+def naive_attention(
+    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, kv_b: Tensor, scale: float
+) -> Tensor:
+    """Decompress every key: K_nope = W_UK c_kv, V = W_UV c_kv; ordinary attention. -> (B, T, N, V).
+
+    q_nope (B, T, N, P), q_pe (B, T, N, R), keys (B, K, L+R), kv_b (N*(P+V), L) in the compute dtype.
+    """
+    b, _, n, p = q_nope.shape
+    lora = kv_b.shape[1]
+    c_kv, k_pe = keys.split([lora, keys.shape[-1] - lora], dim=-1)  # (B, K, L), (B, K, R)
+    kv = torch.nn.functional.linear(c_kv, kv_b)  # (B, K, N*(P+V)), rounded to the compute dtype
+    kv = kv.view(b, keys.shape[1], n, -1)  # (B, K, N, P+V)
+    k_nope, v = kv.split([p, kv.shape[-1] - p], dim=-1)  # (B, K, N, P), (B, K, N, V)
+    scores = torch.einsum("btnp,bsnp->bnts", q_nope.float(), k_nope.float())
+    scores = scores + torch.einsum("btnr,bsr->bnts", q_pe.float(), k_pe.float())  # shared rope key
+    probs = masked_softmax(scores * scale, mask, q_nope.dtype)  # (B, N, T, K)
+    return torch.einsum("bnts,bsnv->btnv", probs, v.float()).to(q_nope.dtype)
+
+
+def absorbed_attention(
+    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, w: AbsorbedWeights, scale: float
+) -> Tensor:
+    """Attend in latent space with the two BMMs; the cache is never decompressed. -> (B, T, N, V).
+
+    BMM #1 ql = q_nope W_UK, scores = ql . c_kv + q_pe . k_pe, o_latent = softmax @ c_kv, BMM #2 o_latent W_UV^T.
+    """
+    b, t, n, p = q_nope.shape
+    dtype = q_nope.dtype
+    lora = w.w_uk.shape[2]
+    x = q_nope.permute(2, 0, 1, 3).reshape(n, b * t, p)  # (B, T, N, P) -> (N, B*T, P)
+    ql = w.scheme_uk.apply(x, w.w_uk)  # (N, B*T, L), float32 rounded as the scheme's kernel rounds
+    ql = ql.view(n, b, t, lora).permute(1, 2, 0, 3).to(dtype)  # (B, T, N, L)
+    c_kv, k_pe = keys.split([lora, keys.shape[-1] - lora], dim=-1)  # (B, K, L), (B, K, R)
+    scores = torch.einsum("btnl,bsl->bnts", ql.float(), c_kv.float())
+    scores = scores + torch.einsum("btnr,bsr->bnts", q_pe.float(), k_pe.float())
+    probs = masked_softmax(scores * scale, mask, dtype)  # (B, N, T, K)
+    o_latent = torch.einsum("bnts,bsl->nbtl", probs, c_kv.float()).to(dtype)  # (N, B, T, L)
+    out = w.scheme_uv.apply(o_latent.reshape(n, b * t, lora), w.w_uv)  # (N, B*T, V)
+    return out.view(n, b, t, -1).permute(1, 2, 0, 3).to(dtype)  # (B, T, N, V)

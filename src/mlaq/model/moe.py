@@ -1,0 +1,108 @@
+"""Mixture of experts: the router (``mlp.gate``), routed experts and shared experts.
+
+Routing follows DeepSeek's gates (V2 §2.1.2, V3 §2.1.2), in fp32 as every reference computes it:
+  scores   = softmax(logits) (V2) or sigmoid(logits) (V3 and later)
+  choice   = scores + e_score_correction_bias (noaux_tc only: the bias steers selection, not weights)
+  groups   = keep the ``topk_group`` best of ``n_group`` expert groups, a group scored by its best
+             expert (group_limited_greedy) or the sum of its top two (noaux_tc); other groups masked
+  experts  = top ``num_experts_per_tok`` of ``choice``; weights = ``scores`` at those experts,
+             renormalized to sum 1 when ``norm_topk_prob``, then times ``routed_scaling_factor``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mlaq.model.config import MoEConfig
+from mlaq.model.mlp import DenseMLP
+from mlaq.model.registry import ScoringFunc, TopkMethod
+
+
+def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(T, E) fp32 router logits -> (weights (T, k) fp32, expert indices (T, k) int64)."""
+    t, e = logits.shape
+    scores = logits.softmax(dim=-1) if cfg.scoring_func is ScoringFunc.SOFTMAX else logits.sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias
+    grouped = cfg.topk_method is not TopkMethod.GREEDY and cfg.n_group > 1
+    if grouped:
+        per_group = choice.view(t, cfg.n_group, e // cfg.n_group)  # (T, G, E/G)
+        if cfg.topk_method is TopkMethod.NOAUX_TC:
+            group_scores = per_group.topk(2, dim=-1).values.sum(dim=-1)  # (T, G)
+        else:
+            group_scores = per_group.max(dim=-1).values
+        kept = group_scores.topk(cfg.topk_group, dim=-1, sorted=False).indices  # (T, topk_group)
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        expert_mask = group_mask.unsqueeze(-1).expand(t, cfg.n_group, e // cfg.n_group).reshape(t, e)
+        # V2 fills masked experts with 0 (scores are positive softmax values); V3 with -inf.
+        fill = float("-inf") if cfg.topk_method is TopkMethod.NOAUX_TC else 0.0
+        choice = choice.masked_fill(~expert_mask, fill)
+    indices = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False).indices  # (T, k)
+    # noaux_tc weighs by the unbiased scores; V2 by the (group-masked) scores it chose from.
+    weights = (scores if cfg.topk_method is TopkMethod.NOAUX_TC else choice).gather(1, indices)
+    if cfg.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor, indices
+
+
+class Router(nn.Module):
+    """``mlp.gate``: weight (E, hidden) and, for noaux_tc, ``e_score_correction_bias`` (E,) fp32."""
+
+    def __init__(
+        self, hidden_size: int, cfg: MoEConfig, *, dtype: torch.dtype, device: torch.device | str | None
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        weight = torch.empty(cfg.n_routed_experts, hidden_size, dtype=dtype, device=device)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.e_score_correction_bias: nn.Parameter | None = None
+        if cfg.topk_method is TopkMethod.NOAUX_TC:
+            # kept in fp32 whatever the compute dtype (transformers: _keep_in_fp32_modules_strict)
+            bias = torch.empty(cfg.n_routed_experts, dtype=torch.float32, device=device)
+            self.e_score_correction_bias = nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(T, hidden) -> (weights (T, k) fp32, indices (T, k))."""
+        logits = F.linear(x.float(), self.weight.float())  # (T, E); routing is always fp32
+        bias = None if self.e_score_correction_bias is None else self.e_score_correction_bias.float()
+        return route(logits, self.cfg, bias)
+
+
+class MoE(nn.Module):
+    """Routed experts plus ``n_shared_experts`` always-on experts fused into one MLP."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        cfg: MoEConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        kw = {"dtype": dtype, "device": device}
+        self.gate = Router(hidden_size, cfg, **kw)
+        self.experts = nn.ModuleList(
+            DenseMLP(hidden_size, cfg.moe_intermediate_size, **kw) for _ in range(cfg.n_routed_experts)
+        )
+        self.shared_experts = (
+            DenseMLP(hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, **kw)
+            if cfg.n_shared_experts > 0
+            else None
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (T, hidden)
+        weights, indices = self.gate(flat)
+        out = torch.zeros_like(flat)
+        # Visit only the experts some token chose; each token's k contributions are summed.
+        for expert in indices.unique().tolist():
+            token, slot = torch.where(indices == expert)
+            y = self.experts[expert](flat[token])  # (n, hidden)
+            out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view(shape)

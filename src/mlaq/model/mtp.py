@@ -1,0 +1,81 @@
+"""DeepSeek-V3 multi-token prediction (MTP) layer (DeepSeek-V3 report §2.2; engines.md "MTP layer").
+
+Stored as checkpoint layer ``num_hidden_layers + i``. For a token at position t with the target's hidden
+state h_t (AFTER the target's final norm, as vLLM feeds it) and the next token x_{t+1}:
+  x   = eh_proj(concat(enorm(embed(x_{t+1})), hnorm(h_t)))      # embedding first, then hidden: (B, T, 2H) -> H
+  y   = decoder_layer(x)                                        # one full MLA + MoE layer, own latent cache
+  p   = head(shared_head.norm(y))                               # logits for x_{t+2}
+``embed`` is the layer's own ``embed_tokens`` and ``head`` its ``shared_head.head`` when the checkpoint
+stores them (DeepSeek-V3 does), else the main model's. Chained drafting feeds ``y`` (before
+shared_head.norm) back as the next step's hidden state, as vLLM's MTP proposer does.
+vLLM additionally zeroes the embedding of tokens at position 0; mlaq follows the definition and does not.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mlaq.model.cache import LayerCache
+from mlaq.model.config import ModelConfig
+from mlaq.model.decoder import DecoderLayer
+from mlaq.model.mla import AttnPath
+from mlaq.model.mla_config import MLAConfig
+from mlaq.model.norm import RMSNorm
+
+
+class SharedHead(nn.Module):
+    """``shared_head.norm`` and, when the checkpoint stores one, ``shared_head.head``."""
+
+    def __init__(
+        self, cfg: ModelConfig, own_head: bool, *, dtype: torch.dtype, device: torch.device | str | None
+    ) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.head = nn.Linear(h, cfg.vocab_size, bias=False, dtype=dtype, device=device) if own_head else None
+
+
+class MTPLayer(DecoderLayer):
+    """A decoder layer plus enorm, hnorm, eh_proj, shared_head (and optionally its own embed_tokens)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        mla_cfg: MLAConfig,
+        layer: int,
+        *,
+        own_embed: bool,
+        own_head: bool,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(cfg, mla_cfg, layer, dtype=dtype, device=device)
+        h = cfg.hidden_size
+        kw = {"dtype": dtype, "device": device}
+        self.enorm = RMSNorm(h, cfg.rms_norm_eps, **kw)
+        self.hnorm = RMSNorm(h, cfg.rms_norm_eps, **kw)
+        self.eh_proj = nn.Linear(2 * h, h, bias=False, **kw)
+        self.shared_head = SharedHead(cfg, own_head, **kw)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h, **kw) if own_embed else None
+
+    def predict(
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        cache: LayerCache | None,
+        path: AttnPath,
+        main_embed: nn.Embedding,
+        main_head: nn.Linear,
+    ) -> tuple[Tensor, Tensor, LayerCache]:
+        """input_ids (B, T) = the tokens after those whose hidden states (B, T, H) are given, at the
+        hidden states' positions (B, T) -> (logits (B, T, vocab) fp32, output hidden (B, T, H), cache)."""
+        embed = self.embed_tokens if self.embed_tokens is not None else main_embed
+        head = self.shared_head.head if self.shared_head.head is not None else main_head
+        e = self.enorm(embed(input_ids))  # (B, T, H)
+        h = self.hnorm(hidden.to(e.dtype))  # (B, T, H)
+        x = self.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
+        y, new_cache, _ = self(x, positions, cache, path)
+        logits = head(self.shared_head.norm(y)).float()
+        return logits, y, new_cache

@@ -1,0 +1,136 @@
+"""The policy's answer: one :class:`LayerDecision` per MLA layer, gathered in a :class:`PolicyResult`.
+
+The model loader applies ``result.for_layer(i)`` to layer ``i``: it builds the BMM scheme
+``decision.scheme``; when ``decision.uses_checkpoint_data`` it hands the checkpoint's stored codes
+and scales to the scheme's ``prepare_quantized`` (fp8_per_block: ``mlaq.bmm.split_kv_b_proj_fp8``;
+``decision.stored.block_size`` says the block), otherwise it dequantizes the stored weight exactly
+and lets the scheme's ``prepare`` quantize it. MXFP4 exception: a checkpoint's MX blocks run along
+kv_lora_rank, which is K only for W_UV^T; W_UK is dequantized (exact) and prepared (see ``stored``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from mlaq.policy.checkpoint import CheckpointQuant
+from mlaq.policy.explicit import ExplicitConfig
+from mlaq.policy.model_config import MlaModel
+from mlaq.policy.stored import UNQUANTIZED, StoredFormat
+from mlaq.settings import Settings
+
+LOGGER_NAME = "mlaq.policy"
+
+
+class Rule(str, Enum):
+    """Which step of the decision procedure chose a layer's scheme."""
+
+    TARGETS = "targets"  # an explicit --quantization-config targets pattern
+    IGNORE = "ignore"  # an explicit --quantization-config ignore pattern
+    CHECKPOINT = "checkpoint"  # the checkpoint stores kv_b_proj quantized: its own format runs
+    FLAG = "flag"  # MLAQ_FP4BMM / MLAQ_FP8BMM re-quantize an unquantized weight
+    GUARD = "guard"  # a flag is on, but the checkpoint's config keeps kv_b_proj unquantized on purpose
+    FAMILY_OPT_IN = "family-opt-in"  # ... except Quark MXFP4 DeepSeek-V3-family checkpoints
+    DEFAULT = "default"  # nothing applies: the checkpoint's precision
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class LayerDecision:
+    """The scheme one layer's kv_b_proj BMMs get, and why."""
+
+    layer: int
+    module: str
+    source: str  # the checkpoint's stored precision: "bf16", "fp8_per_block", "mxfp4", ...
+    scheme: str  # an mlaq.bmm scheme name
+    rule: Rule
+    reason: str  # one sentence for users
+    mtp: bool  # a multi-token-prediction layer (index >= num_hidden_layers)
+    stored: StoredFormat  # full stored format (block size, scale format) for the loader
+    pattern: str | None = None  # the --quantization-config pattern that decided it (targets/ignore)
+
+    @property
+    def uses_checkpoint_data(self) -> bool:
+        """True when the scheme runs on the checkpoint's own stored format (no online re-quantization)."""
+        return self.stored.quantized and self.scheme == self.stored.scheme
+
+    @property
+    def requantized(self) -> bool:
+        """True when the weight is quantized online to a format the checkpoint does not store."""
+        return self.scheme not in UNQUANTIZED and not self.uses_checkpoint_data
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "module": self.module,
+            "source": self.source,
+            "scheme": self.scheme,
+            "rule": self.rule.value,
+            "reason": self.reason,
+        }
+
+
+def _cause(d: LayerDecision, settings: Settings) -> str:
+    if d.rule is Rule.TARGETS:
+        return f"from targets: {d.pattern}"
+    var = "MLAQ_FP4BMM" if d.scheme.startswith("mxfp4") else "MLAQ_FP8BMM"
+    return f"{var}=1; rule {d.rule}"
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """Every MLA layer's decision, with what it was decided from."""
+
+    model: MlaModel
+    checkpoint: CheckpointQuant
+    settings: Settings
+    explicit: ExplicitConfig | None
+    layers: tuple[LayerDecision, ...]
+
+    @property
+    def model_type(self) -> str:
+        return self.model.model_type
+
+    def for_layer(self, layer: int) -> LayerDecision:
+        if not 0 <= layer < len(self.layers):
+            raise ValueError(f"layer {layer} is not an MLA layer of this model (0..{len(self.layers) - 1})")
+        return self.layers[layer]
+
+    def settings_json(self) -> dict[str, Any]:
+        explicit = None if self.explicit is None else self.explicit.to_json()
+        return {**self.settings.to_json(), "quantization_config": explicit}
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"model_type", "settings", "layers": [...]}`` — what ``mlaq explain --json`` prints."""
+        return {
+            "model_type": self.model_type,
+            "settings": self.settings_json(),
+            "layers": [d.to_json() for d in self.layers],
+        }
+
+    def summary(self) -> tuple[int, str]:
+        """(logging level, message): ONE warning when any layer is re-quantized, else one info line."""
+        n = len(self.layers)
+        req = [d for d in self.layers if d.requantized]
+        kept = Counter((d.scheme, d.rule.value) for d in self.layers if not d.requantized)
+        kept_text = ", ".join(f"{c} {s} (rule {r})" for (s, r), c in kept.most_common())
+        if not req:
+            return logging.INFO, f"kv_b_proj re-quantized in none of {n} MLA layers: {kept_text}."
+        groups = Counter((d.scheme, _cause(d, self.settings)) for d in req)
+        if len(groups) == 1:
+            (scheme, cause), _ = groups.popitem()
+            head = f"Re-quantizing kv_b_proj in {len(req)} of {n} MLA layers to {scheme} ({cause})"
+        else:
+            parts = ", ".join(f"{c} to {s} ({cause})" for (s, cause), c in groups.most_common())
+            head = f"Re-quantizing kv_b_proj in {len(req)} of {n} MLA layers: {parts}"
+        rest = f"; unchanged: {kept_text}" if kept else ""
+        return logging.WARNING, f"{head}{rest}. `mlaq explain MODEL` shows every layer and why."
+
+    def log(self, logger: logging.Logger | None = None) -> None:
+        level, message = self.summary()
+        (logger or logging.getLogger(LOGGER_NAME)).log(level, message)
