@@ -131,6 +131,23 @@ def test_write_checks_shapes_and_auto_keeps_the_model_dtype():
     assert latents.dtype == torch.bfloat16 and torch.equal(latents[0], x.to(torch.bfloat16))
 
 
+def test_indexer_columns_ride_along_exactly_while_the_latent_is_fp8():
+    bm = BlockManager(4, 4, 16)
+    cfg = LatentCacheConfig(2, L, R, 4, 4, torch.float32, "fp8_e4m3", extra_dims=(0, 5))
+    cache = LatentKVCache(cfg)
+    bm.grow("s", 3)
+    x = torch.randn(3, L + R + 5) * 3
+    cache.write(1, bm.slot_mapping("s", 0, 3), x)
+    back, _ = cache.gather(1, bm.batch_slots(["s"]))
+    assert torch.equal(back[0, :, L + R :], x[:, L + R :])  # indexer keys: model dtype, exact
+    fp8 = dequantize_fp8_e4m3(quantize_fp8_e4m3(x[:, : L + R], 1.0), 1.0, torch.float32)
+    assert torch.equal(back[0, :, : L + R], fp8)
+    with pytest.raises(ValueError, match="\\+ 5 indexer"):
+        cache.write(1, bm.slot_mapping("s", 0, 3), x[:, : L + R])
+    with pytest.raises(ValueError, match="extra_dims needs one value"):
+        LatentCacheConfig(2, L, R, 4, extra_dims=(1,))
+
+
 def test_kv_cache_dtype_parsing():
     assert KVCacheDtype.parse("fp8") is KVCacheDtype.FP8_E4M3
     assert KVCacheDtype.parse("auto") is KVCacheDtype.AUTO

@@ -106,6 +106,7 @@ class LLMEngine:
             g.dtype,
             config.kv_cache_dtype,
             config.kv_cache_scale,
+            tuple(g.extra_dim(i) for i in range(g.num_layers + (1 if self.k else 0))),
         )
         sched = SchedulerConfig(config.max_num_seqs, config.max_model_len, num_lookahead_slots=self.k)
         self.scheduler = Scheduler(sched, blocks)

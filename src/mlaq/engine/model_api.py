@@ -26,7 +26,7 @@ class LMOutput:
 
     logits: Tensor  # (B, T, vocab) float32
     hidden: Tensor  # (B, T, H): what the MTP layer consumes (main model) / chains on (MTP)
-    entries: tuple[Tensor, ...]  # per cache layer written by the call: (B, T, L+R) each
+    entries: tuple[Tensor, ...]  # per cache layer written by the call: (B, T, L+R [+ D]) each
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,10 @@ class CacheGeometry:
     kv_lora_rank: int  # L
     qk_rope_head_dim: int  # R
     dtype: torch.dtype
+    extra_dims: tuple[int, ...] = ()  # per cache layer (main, then MTP): DSA indexer-key width, or 0
+
+    def extra_dim(self, layer: int) -> int:
+        return self.extra_dims[layer] if self.extra_dims else 0
 
     @property
     def num_cache_layers(self) -> int:

@@ -1,0 +1,76 @@
+"""The engine on real (tiny, random) DeepSeek-family checkpoints written by transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlaq.engine.llm import LLM
+from mlaq.engine.sampling_params import SamplingParams
+from mlaq.model import ModelCache, load_model
+
+pytest.importorskip("transformers")
+from model_helpers import add_mtp_layer, hf_checkpoint  # noqa: E402
+
+PROMPTS = [[5, 17, 3, 88, 41, 9, 30], [12], [7, 7, 60, 2, 95, 14, 33, 21, 8, 40, 1], [70, 3, 19]]
+MAX_TOKENS = 10
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=["deepseek_v3", "glm_moe_dsa"])
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    model, _ = hf_checkpoint(request.param, path, **_layers(request.param))
+    add_mtp_layer(model, path)  # a copy of the last layer's tensor names (MoE; a full indexer for DSA)
+    return path
+
+
+def _layers(model_type: str) -> dict:
+    if model_type == "glm_moe_dsa":  # the MTP layer has a full indexer: so must its template
+        return {"num_hidden_layers": 3, "indexer_types": ["full", "shared", "full"]}
+    return {"num_hidden_layers": 2}
+
+
+def reference_greedy(path, prompt: list[int], n: int) -> list[int]:
+    """The model's own API, one sequence, unpaged ModelCache: prefill then absorbed decode."""
+    model = load_model(path)
+    cache = ModelCache()
+    out = model.prefill(torch.tensor([prompt]), cache)
+    tokens = [int(out.logits[0, -1].argmax())]
+    while len(tokens) < n:
+        out = model.decode(torch.tensor([[tokens[-1]]]), cache)
+        tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
+def generate(path, k: int = 0, **kw) -> list[list[int]]:
+    spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    llm = LLM(path, speculative_config=spec, max_model_len=64, block_size=4, **kw)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS],
+        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True),
+    )
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_batched_paged_greedy_matches_the_models_own_decode(checkpoint):
+    assert generate(checkpoint) == [reference_greedy(checkpoint, p, MAX_TOKENS) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_greedy_equals_plain_greedy(checkpoint, k):
+    assert generate(checkpoint, k) == generate(checkpoint)
+
+
+def test_fp8_kv_cache_runs_and_mostly_agrees(checkpoint):
+    fp8 = generate(checkpoint, kv_cache_dtype="fp8_e4m3")
+    auto = generate(checkpoint)
+    agree = sum(a == b for x, y in zip(fp8, auto, strict=True) for a, b in zip(x, y, strict=True))
+    assert agree >= 0.5 * MAX_TOKENS * len(PROMPTS), (fp8, auto)
