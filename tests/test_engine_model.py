@@ -10,7 +10,7 @@ from mlaq.engine.sampling_params import SamplingParams
 from mlaq.model import ModelCache, load_model
 
 pytest.importorskip("transformers")
-from model_helpers import add_mtp_layer, hf_checkpoint  # noqa: E402
+from model_helpers import add_mtp_layer, hf_checkpoint
 
 PROMPTS = [[5, 17, 3, 88, 41, 9, 30], [12], [7, 7, 60, 2, 95, 14, 33, 21, 8, 40, 1], [70, 3, 19]]
 MAX_TOKENS = 10
