@@ -74,3 +74,65 @@ def test_fp8_kv_cache_runs_and_mostly_agrees(checkpoint):
     auto = generate(checkpoint)
     agree = sum(a == b for x, y in zip(fp8, auto, strict=True) for a, b in zip(x, y, strict=True))
     assert agree >= 0.5 * MAX_TOKENS * len(PROMPTS), (fp8, auto)
+
+
+@pytest.fixture(scope="module")
+def dense_checkpoint(tmp_path_factory):
+    """All-dense layers: MoE routing flips would turn a small perturbation into a jump in the logits."""
+    path = tmp_path_factory.mktemp("dense")
+    hf_checkpoint("deepseek_v3", path, num_hidden_layers=2, first_k_dense_replace=2)
+    return path
+
+
+def decode_logits(lm, tokens: list[int], kv: str, noise: float = 0.0) -> torch.Tensor:
+    """Teacher-forced prefill of 4 tokens, then one decode step per token, through the paged cache."""
+    from mlaq.engine.block_manager import BlockManager
+    from mlaq.engine.kv_cache import LatentCacheConfig, LatentKVCache
+    from mlaq.engine.runner import ModelRunner
+    from mlaq.engine.sequence import Sequence
+
+    g = lm.geometry
+    blocks = BlockManager(16, 4, 64)
+    cfg = LatentCacheConfig(g.num_layers, g.kv_lora_rank, g.qk_rope_head_dim, 16, 4, g.dtype, kv)
+    cache = LatentKVCache(cfg)
+    runner = ModelRunner(lm, cache, blocks, use_mtp=False)
+    seq = Sequence(0, tokens[:4], SamplingParams())
+    gen = torch.Generator().manual_seed(0)
+
+    def perturb(start: int, end: int) -> None:  # multiplicative Gaussian noise on the new entries, once
+        if noise:
+            slots = blocks.slot_mapping(0, start, end)
+            cache.data[:, slots] *= 1 + noise * torch.randn(cache.data[:, slots].shape, generator=gen)
+
+    blocks.grow(0, 4)
+    rows = [runner.forward([seq], [tokens[:4]], prefill=True).logits[0, -1]]
+    perturb(0, 4)
+    seq.num_cached = 4
+    for i in range(4, len(tokens)):
+        blocks.grow(0, i + 1)
+        rows.append(runner.forward([seq], [[tokens[i]]], prefill=False).logits[0, 0])
+        perturb(i, i + 1)
+        seq.num_cached += 1
+    return torch.stack(rows)  # (steps, V)
+
+
+def test_fp8_kv_cache_error_on_decode_logits(dense_checkpoint):
+    """auto vs fp8_e4m3 (scale 1.0): prefill reads no cache (identical logits); each decode step reads
+    fp8 latents (~2.7 % relative RMS). The logits move about as much as under Gaussian noise of that
+    size on the cache: the error is the format's, nothing else."""
+    from mlaq.engine.adapter import DeepseekLatentLM
+
+    lm = DeepseekLatentLM(load_model(dense_checkpoint))
+    tokens = PROMPTS[2] + [4, 50, 61, 3, 90, 22, 17, 8]
+    auto = decode_logits(lm, tokens, "auto")
+    fp8 = decode_logits(lm, tokens, "fp8_e4m3")
+    assert torch.equal(auto[0], fp8[0])  # prefill: no cache read
+
+    def rel(x: torch.Tensor) -> float:
+        return float((x[1:] - auto[1:]).norm() / auto[1:].norm())
+
+    noise = rel(decode_logits(lm, tokens, "auto", noise=0.027))
+    print(
+        f"fp8 KV cache: relative logit error {rel(fp8):.4f}; 2.7 % Gaussian noise on the cache: {noise:.4f}"
+    )
+    assert 1e-3 < rel(fp8) < 3 * noise
