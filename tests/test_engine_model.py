@@ -136,3 +136,21 @@ def test_fp8_kv_cache_error_on_decode_logits(dense_checkpoint):
         f"fp8 KV cache: relative logit error {rel(fp8):.4f}; 2.7 % Gaussian noise on the cache: {noise:.4f}"
     )
     assert 1e-3 < rel(fp8) < 3 * noise
+
+
+def test_quantization_config_reaches_every_layer_mtp_included(checkpoint):
+    qc = '{"targets": {"re:.*kv_b_proj.*": "fp8_per_tensor"}}'
+    llm = LLM(
+        checkpoint,
+        quantization_config=qc,
+        max_model_len=32,
+        speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+    )
+    layers = llm.engine.model.model.model.layers
+    n = llm.engine.model.geometry.num_layers
+    assert len(layers) == n + 1  # the MTP layer is loaded
+    assert {layer.self_attn.absorbed.scheme_uk.name for layer in layers} == {"fp8_per_tensor"}
+    out = llm.generate(
+        {"prompt_token_ids": PROMPTS[0]}, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )
+    assert len(out[0].outputs[0].token_ids) == 4
