@@ -11,6 +11,7 @@ Speculative rows also give vLLM's mean acceptance length.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
@@ -38,6 +39,16 @@ def random_checkpoint(path: Path) -> Path:
     )  # fmt: skip
     add_mtp_layer(model, path)
     return path
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
@@ -95,7 +106,7 @@ def main() -> None:
         )
         print(f"model: {path if path != Path(tmp) else 'random tiny DeepSeek-V3 + MTP'}")
         print(
-            f"machine: {platform.processor() or platform.machine()}, {args.threads} thread(s), torch {torch.__version__}"
+            f"machine: {cpu_name()} ({os.cpu_count()} cores), {args.threads} thread(s), torch {torch.__version__}"
         )
         print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, greedy, fp32\n")
         print(
