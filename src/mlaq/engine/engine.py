@@ -254,10 +254,11 @@ class LLMEngine:
             lp = 0.0
             if logprobs is not None:
                 lp = float(logprobs[i, token])
-                top_v, top_i = (
-                    logprobs[i].topk(p.logprobs) if p.logprobs else (torch.empty(0), torch.empty(0))
-                )
-                r.new_logprobs.append({token: lp, **dict(zip(top_i.tolist(), top_v.tolist(), strict=True))})
+                entry = {token: lp}  # vLLM: the chosen token's logprob plus the top N
+                if p.logprobs:
+                    top = logprobs[i].topk(p.logprobs)
+                    entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+                r.new_logprobs.append(entry)
                 r.cumulative_logprob += lp
             s.append(token, lp)
             r.new_token_ids.append(token)
