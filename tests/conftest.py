@@ -29,3 +29,13 @@ def run_mlaq(
 @pytest.fixture
 def mlaq_cli():
     return run_mlaq
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_one_thread():
+    """One intra-op thread: the CI machine's 2 cores are shared, and with 2 OpenMP threads competing
+    for them every small torch op spin-waits (the BMM tests ran 8x slower: 49 s vs 6 s)."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield

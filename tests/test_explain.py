@@ -138,3 +138,12 @@ def test_subprocess_json_and_error(mlaq_cli):
         "MLAQ_FP8BMM='enable' is not a boolean; accepted values: 1/0, true/false, yes/no, on/off"
         in bad.stderr
     )
+
+
+@pytest.mark.parametrize("index", ["[1, 2]", '{"weight_map": ["a"]}'])
+def test_malformed_safetensors_index_is_a_clear_error(env, capsys, tmp_path, index):
+    (tmp_path / "config.json").write_text((Path(GLM52) / "config.json").read_text())
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    rc, out, err = explain(capsys, str(tmp_path))
+    assert rc != 0 and out == ""
+    assert "model.safetensors.index.json: expected a JSON object with a 'weight_map'" in err

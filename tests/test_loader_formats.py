@@ -16,7 +16,8 @@ import torch
 from mlaq.bmm.kv_b import split_kv_b_proj
 from mlaq.model import ModelCache, load_model
 from mlaq.settings import Settings
-from model_helpers import add_mtp_layer, hf_checkpoint, quantize_checkpoint
+from model_helpers import add_mtp_layer, hf_checkpoint
+from quant_helpers import quantize_checkpoint
 
 OFF = Settings(fp8bmm=False, fp4bmm=False)
 

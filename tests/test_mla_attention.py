@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlaq.bmm import get_scheme
+from mlaq.bmm import get_scheme, split_kv_b_proj, split_kv_b_proj_fp8
+from mlaq.formats import Fp8Dtype, quantize_fp8_per_block
 from mlaq.model.mla import AttnPath, MLAttention
 from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mla_core import Precision, masked_softmax, split_kv_b
+from mlaq.model.mla_core import Precision, masked_softmax
 from mlaq.model.rope import YarnScaling
 
 NAIVE, ABSORBED = AttnPath.NAIVE, AttnPath.ABSORBED
@@ -198,6 +199,49 @@ def test_precision_modes_with_bf16_scheme():
     assert rel(naive_c, rounded(hidden, pos, path=NAIVE)[0]) <= 1e-6  # exactly: dequantized weights
 
 
+@pytest.mark.parametrize("name", ["fp8_per_tensor", "fp8_per_tensor_fnuz", "mxfp4", "mxfp4_w4a16", "mxfp8"])
+def test_quantized_schemes_decode_only_vs_consistent(name):
+    """DECODE_ONLY: prefill stays exact, decode carries the scheme's error. CONSISTENT: prefill uses the
+    scheme's dequantized weights, so for a weight-only scheme it lands next to decode (bf16 noise
+    only), far closer than to the exact prefill."""
+    layer = make_layer(GLM5, seed=8, scheme=None)  # P = 192: ragged K for 128-groups
+    hidden, pos = torch.randn(2, 7, 64), arange_pos(2, 7)
+    exact, _ = layer(hidden, pos, path=NAIVE)
+    layer.prepare(name, Precision.DECODE_ONLY)
+    assert torch.equal(layer(hidden, pos, path=NAIVE)[0], exact)
+    absorbed = layer(hidden, pos, path=ABSORBED)[0]
+    err = rel(absorbed, exact)
+    assert 1e-3 < err < 0.3, err  # fp8 ~ 3e-2, mxfp4 ~ 1e-1 on random weights
+    layer.prepare(name, Precision.CONSISTENT)
+    naive_c = layer(hidden, pos, path=NAIVE)[0]
+    assert torch.equal(layer(hidden, pos, path=ABSORBED)[0], absorbed)
+    assert rel(naive_c, exact) > 1e-3
+    if name == "mxfp4_w4a16":
+        assert rel(absorbed, naive_c) < err / 5, (rel(absorbed, naive_c), err)
+
+
+def test_checkpoint_fp8_block_weights_via_set_absorbed():
+    """The models helper's path: a DeepSeek block-FP8 kv_b_proj (GLM-5 geometry: 128-row blocks straddle
+    the P=192 / V=256 boundary) wrapped without re-quantization; naive at checkpoint precision."""
+    layer = make_layer(GLM5, seed=10, scheme=None)
+    c = GLM5
+    ckpt = quantize_fp8_per_block(layer.kv_b_proj.weight.detach(), Fp8Dtype.E4M3FN)
+    with torch.no_grad():
+        layer.kv_b_proj.weight.copy_(ckpt.dequantize())  # what a loader does for the naive path
+    (uk_codes, uk_scale), (uv_codes, uv_scale) = split_kv_b_proj_fp8(
+        ckpt, c.num_heads, c.qk_nope_head_dim, c.v_head_dim
+    )
+    scheme = get_scheme("fp8_per_block")
+    w_uk, w_uv = scheme.prepare_quantized(uk_codes, uk_scale), scheme.prepare_quantized(uv_codes, uv_scale)
+    hidden, pos = torch.randn(2, 5, 64), arange_pos(2, 5)
+    layer.set_absorbed(w_uk, w_uv, scheme, precision=Precision.DECODE_ONLY)
+    naive_d = layer(hidden, pos, path=NAIVE)[0]
+    absorbed = layer(hidden, pos, path=ABSORBED)[0]
+    layer.set_absorbed(w_uk, w_uv, scheme, precision=Precision.CONSISTENT)
+    assert rel(layer(hidden, pos, path=NAIVE)[0], naive_d) <= 1e-6  # lossless: same weights both ways
+    assert 1e-4 < rel(absorbed, naive_d) < 5e-2  # only activation fp8 + bf16 output rounding remain
+
+
 def test_absorbed_requires_prepare_and_detects_stale_weights():
     layer = make_layer(DEEPSEEK, scheme=None)
     h = torch.randn(1, 2, 64)
@@ -217,17 +261,21 @@ def test_set_absorbed_matches_prepare_and_validates():
     h, pos = torch.randn(1, 3, 64), arange_pos(1, 3)
     ref, _ = layer(h, pos, path=ABSORBED)
     c = GLM5
-    w_uk, w_uv_t = split_kv_b(layer.kv_b_proj.weight.detach(), c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
+    w_uk, w_uv_t = split_kv_b_proj(
+        layer.kv_b_proj.weight.detach(), c.num_heads, c.qk_nope_head_dim, c.v_head_dim
+    )
     assert w_uk.shape == (4, 192, 512) and w_uv_t.shape == (4, 512, 256)
     fp32, bf16 = get_scheme("fp32"), get_scheme("bf16")
     other = make_layer(GLM5, scheme=None)
-    other.set_absorbed(fp32.prepare(w_uk), fp32.prepare(w_uv_t), fp32)
+    other.set_absorbed(fp32.prepare(w_uk.contiguous()), fp32.prepare(w_uv_t.contiguous()), fp32)
     assert torch.equal(other(h, pos, path=ABSORBED)[0], ref)
     with pytest.raises(ValueError, match="expected"):
-        other.set_absorbed(fp32.prepare(w_uv_t), fp32.prepare(w_uk), fp32)
+        other.set_absorbed(fp32.prepare(w_uv_t.contiguous()), fp32.prepare(w_uk.contiguous()), fp32)
     with pytest.raises(ValueError, match="prepared by 'bf16'"):
-        other.set_absorbed(fp32.prepare(w_uk), bf16.prepare(w_uv_t), fp32)
-    other.set_absorbed(fp32.prepare(w_uk), bf16.prepare(w_uv_t), fp32, scheme_uv=bf16)
+        other.set_absorbed(fp32.prepare(w_uk.contiguous()), bf16.prepare(w_uv_t.contiguous()), fp32)
+    other.set_absorbed(
+        fp32.prepare(w_uk.contiguous()), bf16.prepare(w_uv_t.contiguous()), fp32, scheme_uv=bf16
+    )
     assert 0 < rel(other(h, pos, path=ABSORBED)[0], ref) < 2e-2
 
 

@@ -85,11 +85,15 @@ def test_q_lora_rank_null():
     assert MLAConfig.from_hf(small(q_lora_rank=None)).q_lora_rank is None
 
 
+def test_num_key_value_heads_is_ignored():
+    # transformers' DeepseekV3Config saves num_key_value_heads=128 for any head count; MLA has no KV heads.
+    assert MLAConfig.from_hf(small(num_key_value_heads=128)) == MLAConfig.from_hf(small())
+
+
 @pytest.mark.parametrize(
     ("over", "match"),
     [
         ({"kv_lora_rank": None}, "no 'kv_lora_rank'"),
-        ({"num_key_value_heads": 1}, "num_key_value_heads"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
         ({"rope_scaling": {"type": "linear", "factor": 2}}, "'linear' is not supported"),
         ({"rope_scaling": {"type": "yarn", "factor": 2}}, "lacks original_max_position_embeddings"),

@@ -57,7 +57,8 @@ CASES = {
     ),
     "deepseek_v3_half_split_bias": Case(
         DeepseekV3Config, v3, "DeepseekV3Attention", "DeepseekV3RotaryEmbedding",
-        {**DEEPSEEK, "model_type": "deepseek_v3", "rope_theta": 10000, "rope_interleave": False, "attention_bias": True},
+        {**DEEPSEEK, "model_type": "deepseek_v3", "rope_theta": 10000, "rope_interleave": False,
+         "attention_bias": True},
     ),
     "deepseek_v2_no_qlora_mscale": Case(
         DeepseekV2Config, v2, "DeepseekV2Attention", "DeepseekV2RotaryEmbedding",
@@ -139,7 +140,8 @@ def test_layer_parity_with_transformers(name):
 def test_dsa_key_mask_matches_glm_moe_dsa_topk(path):
     """GLM-5's DSA attention with a given top-k selection (the indexer is the models helper's) equals
     mlaq's attention with the same selection as key_mask."""
-    config = {**GLM, "model_type": "glm_moe_dsa", "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    config = {**GLM, "model_type": "glm_moe_dsa",
+              "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
               "num_hidden_layers": 1, "indexer_types": ["shared"], "index_topk": 4}  # fmt: skip
     case = Case(GlmMoeDsaConfig, glm_dsa, "GlmMoeDsaAttention", "GlmMoeDsaRotaryEmbedding", config)
     ref, rotary, mine = build(case, seed=3)

@@ -65,3 +65,27 @@ def test_multi_token_decode_matches_one_pass(tmp_path):
     first = model.prefill(ids[:, :6], cache).logits
     rest = model.decode(ids[:, 6:], cache).logits  # 4 query tokens, causal among themselves
     assert _rel(torch.cat((first, rest), 1), full) <= TOL
+
+
+def test_tied_embeddings(tmp_path):
+    hf, path = hf_checkpoint("glm4_moe_lite", tmp_path, tie_word_embeddings=True)
+    model = load_model(path, settings=OFF)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = torch.randint(0, hf.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(ids).logits
+    assert _rel(model.prefill(ids).logits, ref) <= TOL
+
+
+def test_cache_truncate_forgets_rejected_tokens(tmp_path):
+    """Rolling the cache back (rejected speculative tokens) then decoding == never having seen them."""
+    hf, path = hf_checkpoint("deepseek_v32", tmp_path)
+    model = load_model(path, settings=OFF)
+    ids = torch.randint(0, hf.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
+    full = model.prefill(ids).logits
+    cache = ModelCache()
+    model.prefill(torch.cat((ids[:, :6], ids[:, :3]), dim=1), cache)  # 3 wrong tokens after position 5
+    cache.truncate(6)
+    assert cache.length(0) == 6 and cache.get(0).index_keys.shape[1] == 6
+    rest = model.decode(ids[:, 6:], cache).logits
+    assert _rel(rest, full[:, 6:]) <= TOL

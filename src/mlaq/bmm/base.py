@@ -23,7 +23,7 @@ and so its summation order, changes with the batch size).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -45,15 +45,27 @@ class PreparedWeight:
         """
         raise NotImplementedError
 
+    def storage_bytes(self) -> int:
+        """Bytes a kernel reads for this weight: codes plus scales at their real granularity."""
+        raise NotImplementedError
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)
 class DenseWeight(PreparedWeight):
     """A weight kept in a plain floating dtype (the reference schemes)."""
 
     weight: Tensor  # (N, K, M), in the scheme's storage dtype
+    values: Tensor | None = field(default=None, repr=False)  # float64 copy for the emulation (set at load)
+
+    def __post_init__(self) -> None:
+        if self.values is None:
+            object.__setattr__(self, "values", self.weight.double())
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.weight.to(dtype)
+
+    def storage_bytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
 
 
 class BmmScheme(ABC):
@@ -110,7 +122,7 @@ class Fp32Reference(BmmScheme):
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
         check_operands(x, prepared)
         assert isinstance(prepared, DenseWeight)
-        return torch.bmm(x.float().double(), prepared.weight.double()).float()
+        return torch.bmm(x.float().double(), prepared.values).float()
 
     def activation_values(self, x: Tensor) -> Tensor:
         return x.float().double()
@@ -131,7 +143,7 @@ class Bf16Reference(BmmScheme):
         check_operands(x, prepared)
         assert isinstance(prepared, DenseWeight)
         # bf16 products are exact in float64 (and fp32); the sum is rounded once to fp32, then bf16.
-        acc = torch.bmm(x.to(torch.bfloat16).double(), prepared.weight.double()).float()
+        acc = torch.bmm(x.to(torch.bfloat16).double(), prepared.values).float()
         return acc.to(torch.bfloat16).float()
 
     def activation_values(self, x: Tensor) -> Tensor:

@@ -48,11 +48,16 @@ class Fp8Weight(PreparedWeight):
     k_bounds: tuple[int, ...]
     dtype: Fp8Dtype
     values: Tensor = field(repr=False)  # codes as float64 (exact), cached at load for the emulation
+    m_block: int = 1  # columns that really share a scale (128 for 128x128 blocks; storage_bytes only)
 
     def expanded_scale(self) -> Tensor:
         """The scale of every element, fp32 (N, K, M)."""
         lengths = torch.tensor([b - a for a, b in itertools.pairwise(self.k_bounds)])
         return self.scale.repeat_interleave(lengths, dim=1).expand(self.shape)
+
+    def storage_bytes(self) -> int:
+        n, s, m = self.scale.shape
+        return self.codes.numel() + 4 * n * s * -(-m // self.m_block)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         # code * scale needs <= 4 + 24 significant bits: exact in float64, rounded once to dtype.
@@ -60,10 +65,11 @@ class Fp8Weight(PreparedWeight):
 
 
 def _make_weight(
-    scheme: str, codes: Tensor, scale: Tensor, k_bounds: tuple[int, ...], dtype: Fp8Dtype
+    scheme: str, codes: Tensor, scale: Tensor, k_bounds: tuple[int, ...], dtype: Fp8Dtype, m_block: int = 1
 ) -> Fp8Weight:
     n, k, m = codes.shape
-    return Fp8Weight(scheme, (n, k, m), codes, scale.float().contiguous(), k_bounds, dtype, codes.double())
+    scale = scale.float().contiguous()
+    return Fp8Weight(scheme, (n, k, m), codes, scale, k_bounds, dtype, codes.double(), m_block)
 
 
 class _Fp8Scheme(BmmScheme):
@@ -81,7 +87,7 @@ class _Fp8Scheme(BmmScheme):
         self.description = self.arithmetic.format(dtype=dtype.value, max=f"{dtype.max:g}")
 
     def _weight(self, prepared: PreparedWeight) -> Fp8Weight:
-        if not isinstance(prepared, Fp8Weight) or prepared.dtype is not self.dtype:
+        if not isinstance(prepared, Fp8Weight) or prepared.scheme != self.name:
             raise ValueError(f"{self.name} needs a weight prepared by {self.name}, got {prepared.scheme}")
         return prepared
 
@@ -162,7 +168,7 @@ class Fp8PerBlock(_Fp8Scheme):
         t = quantize_fp8(weight.detach().to(torch.bfloat16).float(), self.dtype, (1, *self.block))
         scale = t.scale.repeat_interleave(self.block[1], dim=2)[:, :, :m]  # (N, Gk, Gm) -> (N, Gk, M)
         bounds = (*range(0, k, self.block[0]), k)
-        return _make_weight(self.name, t.codes, scale, bounds, self.dtype)
+        return _make_weight(self.name, t.codes, scale, bounds, self.dtype, self.block[1])
 
     def prepare_quantized(self, codes: Tensor, scale: Tensor) -> PreparedWeight:
         """Wrap existing fp8 ``codes`` (N, K, M) and fp32 dequant ``scale`` (per element, or

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from mlaq.formats import Fp8Tensor
+from mlaq.formats import Fp8Tensor, MxTensor
 
 
 def split_kv_b_proj(
@@ -39,3 +39,30 @@ def split_kv_b_proj_fp8(
     uk_c, uv_c = split_kv_b_proj(weight.codes, num_heads, qk_nope_head_dim, v_head_dim)
     uk_s, uv_s = split_kv_b_proj(scale, num_heads, qk_nope_head_dim, v_head_dim)
     return (uk_c.contiguous(), uk_s.contiguous()), (uv_c.contiguous(), uv_s.contiguous())
+
+
+def split_kv_b_proj_mx_uv(
+    weight: MxTensor, num_heads: int, qk_nope_head_dim: int, v_head_dim: int
+) -> MxTensor:
+    """W_UV^T (N, L, V) of an MX kv_b_proj (Quark: blocks of 32 along L, the in-dim), blocks still along
+    L = the V up-projection's K: the input of ``prepare_quantized`` of the MX schemes.
+
+    W_UK has no such counterpart: its blocks run along L, which is the q absorption's output axis M,
+    so a K-blocked kernel cannot use them; it must be re-quantized (``prepare`` of its dequantized value).
+    """
+    if len(weight.shape) != 2 or weight.axis % 2 != 1:
+        raise ValueError(
+            f"expected a 2-D MX kv_b_proj [N*(P+V), L] with blocks along L (axis 1), got shape "
+            f"{weight.shape}, axis {weight.axis}"
+        )
+    _, uv_codes = split_kv_b_proj(weight.codes, num_heads, qk_nope_head_dim, v_head_dim)  # (N, L, V)
+    _, uv_scales = split_kv_b_proj(weight.scales, num_heads, qk_nope_head_dim, v_head_dim)  # (N, L/32, V)
+    return MxTensor(
+        uv_codes.contiguous(),
+        uv_scales.contiguous(),
+        weight.elem,
+        weight.rule,
+        1,
+        weight.block_size,
+        tuple(uv_codes.shape),
+    )

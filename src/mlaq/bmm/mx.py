@@ -31,6 +31,10 @@ class MxWeight(PreparedWeight):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.values.to(dtype)
 
+    def storage_bytes(self) -> int:
+        bits = 4 if self.mx.elem is MxElem.E2M1 else 8
+        return self.mx.codes.numel() * bits // 8 + self.mx.scales.numel()
+
 
 class _MxScheme(BmmScheme):
     out_dtype = torch.bfloat16

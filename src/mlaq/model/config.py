@@ -60,7 +60,7 @@ class IndexerConfig:
     n_heads: int
     head_dim: int
     topk: int
-    rope_interleave: bool
+    rope_interleave: bool  # the indexer's RoPE layout (its own; MLA's is in MLAConfig)
     kinds: tuple[IndexerKind, ...]  # one per main layer; MTP layers always run their own (FULL)
 
 
@@ -78,7 +78,6 @@ class ModelConfig:
     qk_rope_head_dim: int
     v_head_dim: int
     rms_norm_eps: float
-    rope_interleave: bool
     attention_bias: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
@@ -125,9 +124,6 @@ class ModelConfig:
         n_layers = int(hf["num_hidden_layers"])
         mlp_kinds = _mlp_kinds(hf, arch, n_layers, source)
         moe = _moe(hf, arch, source) if MlpKind.SPARSE in mlp_kinds else None
-        rope_interleave = arch.rope_interleave
-        if arch.rope_interleave_configurable and hf.get("rope_interleave") is not None:
-            rope_interleave = bool(hf["rope_interleave"])
         return cls(
             model_type=arch.model_type,
             vocab_size=int(hf["vocab_size"]),
@@ -141,7 +137,6 @@ class ModelConfig:
             qk_rope_head_dim=int(hf["qk_rope_head_dim"]),
             v_head_dim=int(hf["v_head_dim"]),
             rms_norm_eps=float(_get(hf, "rms_norm_eps", arch.rms_norm_eps)),
-            rope_interleave=rope_interleave,
             attention_bias=bool(hf.get("attention_bias") or False),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings") or False),
             max_position_embeddings=int(_get(hf, "max_position_embeddings", arch.max_position_embeddings)),
@@ -174,7 +169,8 @@ def _get(hf: Mapping[str, Any], key: str, default: Any) -> Any:
 
 
 def _require(hf: Mapping[str, Any], keys: tuple[str, ...], source: str, arch: ArchSpec) -> None:
-    missing = [k for k in keys if k not in hf]
+    # q_lora_rank may be null (no q LoRA); every other required field needs a value
+    missing = [k for k in keys if k not in hf or (hf[k] is None and k != "q_lora_rank")]
     if missing:
         raise ValueError(
             f"{source}: {arch.model_type} config is missing required field(s) {', '.join(missing)}; "

@@ -15,8 +15,7 @@ from mlaq.model.dsa import Indexer
 from mlaq.model.mla import AttnPath, MLAttention
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.mla_core import assemble_keys, attention_mask
-from mlaq.model.mlp import DenseMLP
-from mlaq.model.moe import MoE
+from mlaq.model.moe import DenseMLP, MoE
 from mlaq.model.norm import RMSNorm
 from mlaq.model.registry import IndexerKind, MlpKind
 

@@ -14,10 +14,10 @@ import logging
 from typing import Any
 
 from mlaq.bmm import get_scheme
-from mlaq.bmm.kv_b import split_kv_b_proj_fp8
+from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8
 from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
 from mlaq.model.mla import MLAttention
-from mlaq.model.mla_core import Precision, split_kv_b
+from mlaq.model.mla_core import Precision
 from mlaq.model.weights import CheckpointWeight, WeightFormat
 
 LOGGER = logging.getLogger("mlaq.model")
@@ -50,7 +50,7 @@ def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, p
         w_uk = scheme.prepare_quantized(uk_codes, uk_scale)  # type: ignore[attr-defined]
         w_uv = scheme.prepare_quantized(uv_codes, uv_scale)  # type: ignore[attr-defined]
     elif decision.uses_checkpoint_data and stored.format is WeightFormat.MXFP4:
-        w_uk_t, _ = split_kv_b(stored.dequantize(), n, p, v)
+        w_uk_t, _ = split_kv_b_proj(stored.dequantize(), n, p, v)
         w_uk = scheme.prepare(w_uk_t)
         w_uv = scheme.prepare_quantized(_mx_w_uv_t(stored, n, p, v))  # type: ignore[attr-defined]
     else:
@@ -61,7 +61,7 @@ def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, p
                 stored.format.value,
                 scheme.name,
             )
-        w_uk_t, w_uv_t = split_kv_b(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
+        w_uk_t, w_uv_t = split_kv_b_proj(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
         w_uk, w_uv = scheme.prepare(w_uk_t), scheme.prepare(w_uv_t)
     attn.set_absorbed(w_uk, w_uv, scheme, precision=precision)
 

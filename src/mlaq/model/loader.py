@@ -56,10 +56,15 @@ def load_model(
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     quant = CheckpointQuant.from_hf(cfg.hf, str(path / "config.json"))
+    if quant.method is None and (path / "hf_quant_config.json").is_file():
+        raise ValueError(
+            f"{path / 'hf_quant_config.json'}: ModelOpt checkpoints (e.g. NVFP4) cannot be loaded; mlaq loads "
+            "bf16/fp16/fp32, fp8, quark and compressed-tensors weights (`mlaq explain` reads this config)"
+        )
     settings = Settings.from_env() if settings is None else settings
-    policy = decide_from_dir(path, settings, quantization_config)
     dtype = checkpoint_dtype(cfg) if dtype is None else dtype
-    with SafetensorsCheckpoint(path) as ckpt:
+    with SafetensorsCheckpoint(path) as ckpt:  # validates the files before the policy reads the index
+        policy = decide_from_dir(path, settings, quantization_config)
         n_mtp = _mtp_layers_present(cfg, ckpt, load_mtp)
         first_mtp = cfg.num_hidden_layers
         model = DeepseekForCausalLM(

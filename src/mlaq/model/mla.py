@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
+from mlaq.bmm.kv_b import split_kv_b_proj
 from mlaq.bmm.registry import get_scheme
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.mla_core import (
@@ -34,7 +35,6 @@ from mlaq.model.mla_core import (
     assemble_keys,
     attention_mask,
     naive_attention,
-    split_kv_b,
 )
 from mlaq.model.norm import RMSNorm
 
@@ -47,7 +47,6 @@ __all__ = [
     "Precision",
     "assemble_keys",
     "attention_mask",
-    "split_kv_b",
 ]
 
 
@@ -107,9 +106,10 @@ class MLAttention(nn.Module):
         sch = get_scheme(scheme) if isinstance(scheme, str) else scheme
         c = self.config
         weight = self.kv_b_proj.weight.detach()
-        w_uk, w_uv_t = split_kv_b(weight.float(), c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
+        w_uk, w_uv_t = split_kv_b_proj(weight.float(), c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
         source = (weight.data_ptr(), weight._version)
-        self._absorbed = AbsorbedWeights(sch.prepare(w_uk), sch.prepare(w_uv_t), sch, sch, precision, source)
+        prepared = sch.prepare(w_uk.contiguous()), sch.prepare(w_uv_t.contiguous())  # (N, P, L), (N, L, V)
+        self._absorbed = AbsorbedWeights(*prepared, sch, sch, precision, source)
 
     def set_absorbed(
         self,
@@ -144,7 +144,8 @@ class MLAttention(nn.Module):
         ab = self._absorbed
         if ab is None:
             raise ValueError(
-                "absorbed path: no W_UK/W_UV yet; call prepare(scheme) or set_absorbed(...) after loading weights"
+                "absorbed path: no W_UK/W_UV yet; "
+                "call prepare(scheme) or set_absorbed(...) after loading weights"
             )
         w = self.kv_b_proj.weight
         if ab.source is not None and ab.source != (w.data_ptr(), w._version):
@@ -170,7 +171,8 @@ class MLAttention(nn.Module):
             )
         if tuple(positions.shape) != tuple(hidden.shape[:2]) or positions.is_floating_point():
             raise ValueError(
-                f"positions must be integer (B, T) = {tuple(hidden.shape[:2])}, got {positions.dtype} {tuple(positions.shape)}"
+                f"positions must be integer (B, T) = {tuple(hidden.shape[:2])}, "
+                f"got {positions.dtype} {tuple(positions.shape)}"
             )
         b, t, _ = hidden.shape
         q_latent = None
@@ -238,7 +240,8 @@ class MLAttention(nn.Module):
                 or bool((cache_lens < 0).any() | (cache_lens > cache.shape[1]).any())
             ):
                 raise ValueError(
-                    f"cache_lens must be (B={b},) with values in 0..S={cache.shape[1]}, got {cache_lens.tolist()}"
+                    f"cache_lens must be (B={b},) with values in 0..S={cache.shape[1]}, "
+                    f"got {cache_lens.tolist()}"
                 )
         elif cache_lens is not None:
             raise ValueError("cache_lens given without a cache")

@@ -89,12 +89,9 @@ class MLAConfig:
             return config[key]
 
         heads = need("num_attention_heads")
-        kv_heads = config.get("num_key_value_heads")
-        if kv_heads is not None and kv_heads != heads:
-            raise ValueError(
-                f"config.json: num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; "
-                "MLA decompresses one key/value per attention head"
-            )
+        # num_key_value_heads is deliberately not read: MLA decompresses one key/value per attention
+        # head from the shared latent, so the field means nothing here (vLLM ignores it too), and
+        # transformers' DeepseekV3Config writes its default of 128 whatever the head count.
         partial = config.get("partial_rotary_factor")
         if partial is not None and partial != 1.0:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""MLA's math as pure functions: kv_b_proj split, key assembly, masks, naive and absorbed attention.
+"""MLA's math as pure functions: key assembly, masks, naive and absorbed attention.
 
 Letters in shapes and einsum strings: b batch, t query token (T), s key position (S), n head (N),
 p qk_nope_head_dim (P), r qk_rope_head_dim (R), l kv_lora_rank (L), v v_head_dim (V), c = L + R.
@@ -42,22 +42,8 @@ class AbsorbedWeights:
         return join_kv_b(self.w_uk.dequantize(), self.w_uv.dequantize())
 
 
-def split_kv_b(weight: Tensor, num_heads: int, nope_dim: int, v_dim: int) -> tuple[Tensor, Tensor]:
-    """kv_b_proj.weight (N*(P+V), L) -> W_UK (N, P, L) and W_UV^T (N, L, V), the BMM weights."""
-    rows, lora = weight.shape
-    if rows != num_heads * (nope_dim + v_dim):
-        raise ValueError(
-            f"kv_b_proj weight has {rows} rows; expected num_heads*(qk_nope_head_dim+v_head_dim) = "
-            f"{num_heads}*({nope_dim}+{v_dim}) = {num_heads * (nope_dim + v_dim)}"
-        )
-    per_head = weight.view(num_heads, nope_dim + v_dim, lora)  # (N, P+V, L): rows are head-major
-    w_uk = per_head[:, :nope_dim, :]  # (N, P, L)
-    w_uv_t = per_head[:, nope_dim:, :].transpose(1, 2)  # (N, V, L) -> (N, L, V)
-    return w_uk.contiguous(), w_uv_t.contiguous()
-
-
 def join_kv_b(w_uk: Tensor, w_uv_t: Tensor) -> Tensor:
-    """Inverse of split_kv_b: W_UK (N, P, L), W_UV^T (N, L, V) -> (N*(P+V), L)."""
+    """Inverse of mlaq.bmm.split_kv_b_proj: W_UK (N, P, L), W_UV^T (N, L, V) -> (N*(P+V), L)."""
     lora = w_uk.shape[2]
     per_head = torch.cat((w_uk, w_uv_t.transpose(1, 2)), dim=1)  # (N, P+V, L)
     return per_head.reshape(-1, lora)  # (N*(P+V), L)
@@ -150,7 +136,8 @@ def absorbed_attention(
 ) -> Tensor:
     """Attend in latent space with the two BMMs; the cache is never decompressed. -> (B, T, N, V).
 
-    BMM #1 ql = q_nope W_UK, scores = ql . c_kv + q_pe . k_pe, o_latent = softmax @ c_kv, BMM #2 o_latent W_UV^T.
+    BMM #1 ql = q_nope W_UK; scores = ql . c_kv + q_pe . k_pe; o_latent = softmax @ c_kv;
+    BMM #2 out = o_latent W_UV^T.
     """
     b, t, n, p = q_nope.shape
     dtype = q_nope.dtype

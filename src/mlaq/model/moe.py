@@ -1,4 +1,5 @@
-"""Mixture of experts: the router (``mlp.gate``), routed experts and shared experts.
+"""The MLPs: the dense SwiGLU MLP, and the mixture of experts (router ``mlp.gate``, routed and shared
+experts, each a SwiGLU MLP).
 
 Routing follows DeepSeek's gates (V2 §2.1.2, V3 §2.1.2), in fp32 as every reference computes it:
   scores   = softmax(logits) (V2) or sigmoid(logits) (V3 and later)
@@ -16,8 +17,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlaq.model.config import MoEConfig
-from mlaq.model.mlp import DenseMLP
 from mlaq.model.registry import ScoringFunc, TopkMethod
+
+
+class DenseMLP(nn.Module):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)); Hugging Face parameter names."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        kw = {"bias": False, "dtype": dtype, "device": device}
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:

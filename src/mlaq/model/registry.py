@@ -53,9 +53,6 @@ class ArchSpec:
     topk_method: TopkMethod
     rms_norm_eps: float
     first_k_dense_replace: int
-    # MLA RoPE layout: DeepSeek checkpoints rotate interleaved pairs (x0, x1), (x2, x3), ...
-    rope_interleave: bool
-    rope_interleave_configurable: bool  # whether config.json's `rope_interleave` is honoured
     sparse_attention: bool = False  # DSA indexer in every attention layer
     indexer_rope_interleave: bool = False  # the indexer's own RoPE layout (V3.2: half-split)
     max_position_embeddings: int = 4096
@@ -71,8 +68,6 @@ _DEEPSEEK_V3 = {
     "topk_method": TopkMethod.NOAUX_TC,
     "rms_norm_eps": 1e-6,
     "first_k_dense_replace": 3,
-    "rope_interleave": True,
-    "rope_interleave_configurable": True,
 }
 
 ARCHITECTURES: tuple[ArchSpec, ...] = (
@@ -88,8 +83,6 @@ ARCHITECTURES: tuple[ArchSpec, ...] = (
         topk_method=TopkMethod.GREEDY,
         rms_norm_eps=1e-6,
         first_k_dense_replace=0,
-        rope_interleave=True,  # V2 rotates complex pairs: always interleaved
-        rope_interleave_configurable=False,
         max_position_embeddings=2048,
     ),
     ArchSpec(model_type="deepseek_v3", description="DeepSeek-V3 / R1", **_DEEPSEEK_V3),
@@ -97,7 +90,7 @@ ARCHITECTURES: tuple[ArchSpec, ...] = (
     ArchSpec(
         model_type="deepseek_v32",
         description="DeepSeek-V3.2 (DeepSeek Sparse Attention)",
-        **{**_DEEPSEEK_V3, "rope_interleave_configurable": False},
+        **_DEEPSEEK_V3,
         sparse_attention=True,
         indexer_rope_interleave=False,
         max_position_embeddings=163840,
@@ -110,7 +103,6 @@ ARCHITECTURES: tuple[ArchSpec, ...] = (
             "n_group": 1,
             "topk_group": 1,
             "rms_norm_eps": 1e-5,
-            "rope_interleave_configurable": False,
         },
         sparse_attention=True,
         indexer_rope_interleave=True,

@@ -138,7 +138,12 @@ def _load_json(path: Path) -> Any:
 def _layers_prefix(index_path: Path) -> str:
     """The decoder-layer prefix used by the weights (``model.layers`` unless the index says otherwise)."""
     if index_path.is_file():
-        weight_map = _load_json(index_path).get("weight_map", {})
+        index = _load_json(index_path)
+        weight_map = index.get("weight_map") if isinstance(index, Mapping) else None
+        if not isinstance(weight_map, Mapping):
+            raise ValueError(
+                f"{index_path}: expected a JSON object with a 'weight_map' object (tensor name -> shard file)"
+            )
         for key in weight_map:
             m = _KV_B_KEY.match(key)
             if m:

@@ -1,0 +1,118 @@
+"""The MoE router against a second, per-token formulation written from DeepSeek's papers, and the MoE
+block against an explicit sum over the chosen experts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mlaq.model.config import MoEConfig
+from mlaq.model.moe import MoE, route
+from mlaq.model.registry import ScoringFunc, TopkMethod
+
+
+def _cfg(scoring, method, n_group=1, topk_group=1, norm=True, k=3, experts=16) -> MoEConfig:
+    return MoEConfig(
+        n_routed_experts=experts,
+        num_experts_per_tok=k,
+        moe_intermediate_size=8,
+        n_shared_experts=1,
+        n_group=n_group,
+        topk_group=topk_group,
+        scoring_func=scoring,
+        topk_method=method,
+        norm_topk_prob=norm,
+        routed_scaling_factor=2.5,
+    )
+
+
+def _reference(logits: list[float], cfg: MoEConfig, bias: list[float] | None) -> dict[int, float]:
+    """{expert: weight} for one token, with plain Python arithmetic."""
+    e = len(logits)
+    if cfg.scoring_func is ScoringFunc.SOFTMAX:
+        m = max(logits)
+        ex = [math.exp(v - m) for v in logits]
+        scores = [v / sum(ex) for v in ex]
+    else:
+        scores = [1 / (1 + math.exp(-v)) for v in logits]
+    choice = [s + (bias[i] if bias else 0.0) for i, s in enumerate(scores)]
+    allowed = set(range(e))
+    if cfg.topk_method is not TopkMethod.GREEDY and cfg.n_group > 1:
+        size = e // cfg.n_group
+        groups = [choice[g * size : (g + 1) * size] for g in range(cfg.n_group)]
+        if cfg.topk_method is TopkMethod.NOAUX_TC:
+            rank = [sum(sorted(g, reverse=True)[:2]) for g in groups]  # top-2 sum (V3)
+        else:
+            rank = [max(g) for g in groups]  # best expert (V2)
+        kept = sorted(range(cfg.n_group), key=lambda g: -rank[g])[: cfg.topk_group]
+        allowed = {g * size + j for g in kept for j in range(size)}
+    chosen = sorted(allowed, key=lambda i: -choice[i])[: cfg.num_experts_per_tok]
+    weights = {i: scores[i] for i in chosen}
+    if cfg.norm_topk_prob:
+        total = sum(weights.values())
+        weights = {i: w / total for i, w in weights.items()}
+    return {i: w * cfg.routed_scaling_factor for i, w in weights.items()}
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        _cfg(ScoringFunc.SOFTMAX, TopkMethod.GREEDY, norm=False),
+        _cfg(ScoringFunc.SOFTMAX, TopkMethod.GROUP_LIMITED_GREEDY, 4, 2, norm=False),
+        _cfg(ScoringFunc.SIGMOID, TopkMethod.NOAUX_TC, 4, 2),
+        _cfg(ScoringFunc.SIGMOID, TopkMethod.NOAUX_TC, 8, 3, k=4),
+        _cfg(ScoringFunc.SIGMOID, TopkMethod.NOAUX_TC, 1, 1, norm=False),
+    ],
+    ids=["v2-greedy", "v2-group-limited", "v3-noaux", "v3-noaux-8groups", "glm-ungrouped"],
+)
+def test_router_matches_per_token_reference(cfg):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, cfg.n_routed_experts, generator=gen)
+    bias = (
+        torch.randn(cfg.n_routed_experts, generator=gen) * 0.3
+        if cfg.topk_method is TopkMethod.NOAUX_TC
+        else None
+    )
+    weights, indices = route(logits, cfg, bias)
+    for t in range(logits.shape[0]):
+        ref = _reference(logits[t].tolist(), cfg, None if bias is None else bias.tolist())
+        got = dict(zip(indices[t].tolist(), weights[t].tolist(), strict=True))
+        assert sorted(got) == sorted(ref), f"token {t}: experts {sorted(got)} vs {sorted(ref)}"
+        for i, w in ref.items():
+            assert got[i] == pytest.approx(w, rel=1e-5)
+
+
+def test_correction_bias_steers_choice_not_weights():
+    cfg = _cfg(ScoringFunc.SIGMOID, TopkMethod.NOAUX_TC, k=1, norm=False)
+    logits = torch.zeros(1, 16)
+    logits[0, 3] = 1.0  # the best score ...
+    bias = torch.zeros(16)
+    bias[7] = 10.0  # ... loses to a biased expert, whose weight is still its unbiased score
+    weights, indices = route(logits, cfg, bias)
+    assert indices.tolist() == [[7]]
+    assert weights.item() == pytest.approx(0.5 * 2.5)
+
+
+def test_moe_block_is_the_weighted_sum_of_chosen_experts():
+    cfg = _cfg(ScoringFunc.SIGMOID, TopkMethod.NOAUX_TC, 4, 2)
+    torch.manual_seed(1)
+    moe = MoE(12, cfg)
+    for p in moe.parameters():
+        p.data.normal_(0, 0.3)
+    x = torch.randn(2, 5, 12)
+    out = moe(x)
+    flat = x.reshape(-1, 12)
+    weights, indices = moe.gate(flat)
+
+    def mlp(m, v):
+        return (
+            torch.nn.functional.silu(v @ m.gate_proj.weight.T) * (v @ m.up_proj.weight.T)
+        ) @ m.down_proj.weight.T
+
+    for t in range(flat.shape[0]):
+        want = mlp(moe.shared_experts, flat[t])
+        for w, e in zip(weights[t], indices[t], strict=True):
+            want = want + w * mlp(moe.experts[int(e)], flat[t])
+        assert torch.allclose(out.reshape(-1, 12)[t], want, atol=1e-5)
