@@ -1,0 +1,142 @@
+"""``mlaq validate [MODEL]`` — measure what re-quantizing the absorbed MLA BMMs costs, against bf16.
+
+Per scheme: per-layer attention error, teacher-forced KL / top-1 / ΔNLL by context position, greedy
+divergence and repetition, MTP speculative-decoding acceptance; the fp32 noise floor beside them.
+MODEL defaults to the bundled mlaq-tiny checkpoint and the evaluation text to its held-out file.
+Heavy imports happen in ``run`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mlaq.validate import defaults as d
+from mlaq.validate.defaults import DEFAULT_SCHEMES
+
+_SIZES = (
+    (
+        "--context-len",
+        "context_len",
+        None,
+        f"teacher-forcing window length (default: the model's context, at most {d.MAX_DEFAULT_CONTEXT})",
+    ),
+    ("--windows", "windows", d.WINDOWS, "teacher-forced windows of --context-len tokens"),
+    ("--buckets", "buckets", d.BUCKETS, "context-position buckets"),
+    ("--prompts", "prompts", d.PROMPTS, "greedy generations from held-out prompts"),
+    ("--prompt-len", "prompt_len", d.PROMPT_LEN, "prompt length in tokens"),
+    ("--max-tokens", "max_tokens", d.MAX_TOKENS, "tokens generated per prompt"),
+    ("--ngram", "ngram", d.NGRAM, "n of the repeated n-gram share"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", metavar="MODEL", nargs="?", help="checkpoint directory (default: the bundled mlaq-tiny)"
+    )
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        metavar="SCHEME",
+        help=f"BMM schemes to compare, space- or comma-separated (default: {','.join(DEFAULT_SCHEMES)}; "
+        "none with --as-configured)",
+    )
+    parser.add_argument(
+        "--as-configured",
+        action="store_true",
+        help="measure what the current settings (MLAQ_FP8BMM, MLAQ_FP4BMM) and --quantization-config do",
+    )
+    parser.add_argument(
+        "--quantization-config",
+        metavar="JSON|@FILE",
+        help="explicit per-layer schemes for --as-configured: '{\"targets\": {PATTERN: SCHEME}}' (implies it)",
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=d.NUM_SPECULATIVE_TOKENS,
+        metavar="K",
+        help=f"MTP draft tokens per step (default {d.NUM_SPECULATIVE_TOKENS}; 0: plain greedy, no acceptance)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["decode_only", "consistent"],
+        default="decode_only",
+        help="kv_b weights of prefill: checkpoint's (decode_only, as vLLM) or the scheme's (consistent)",
+    )
+    parser.add_argument("--eval-text", metavar="PATH", help="evaluation text (default: MODEL/heldout.txt)")
+    for flag, dest, default, help_text in _SIZES:
+        parser.add_argument(flag, dest=dest, type=int, default=default, metavar="N", help=help_text)
+    parser.add_argument("--seed", type=int, default=0, help="chooses windows and prompts (default 0)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1; 0: torch's default)"
+    )
+    parser.add_argument("--out", metavar="DIR", help="write report.md, report.json and PNG plots into DIR")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout instead of the table"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _schemes(values: list[str] | None, as_configured: bool) -> tuple[str, ...]:
+    if values is None:
+        return () if as_configured else DEFAULT_SCHEMES
+    return tuple(name.strip() for v in values for name in v.split(",") if name.strip())
+
+
+def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported lazily)
+    from pathlib import Path
+
+    from mlaq.settings import Settings
+    from mlaq.validate.config import ValidateConfig, bundled_model_dir, default_eval_text
+    from mlaq.validate.variants import precision_of
+
+    model = Path(args.model) if args.model else bundled_model_dir()
+    if not (model / "config.json").is_file():
+        raise FileNotFoundError(f"{model}: not a checkpoint directory (no config.json)")
+    as_configured = args.as_configured or args.quantization_config is not None
+    return ValidateConfig(
+        model=model,
+        eval_text=Path(args.eval_text) if args.eval_text else default_eval_text(model),
+        schemes=_schemes(args.schemes, as_configured),
+        as_configured=as_configured,
+        settings=Settings.from_env() if as_configured else Settings(),
+        quantization_config=args.quantization_config,
+        precision=precision_of(args.precision),
+        context_len=args.context_len,
+        windows=args.windows,
+        buckets=args.buckets,
+        prompts=args.prompts,
+        prompt_len=args.prompt_len,
+        max_tokens=args.max_tokens,
+        num_speculative_tokens=args.num_speculative_tokens,
+        ngram=args.ngram,
+        seed=args.seed,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    import torch
+
+    from mlaq.validate.progress import make_progress
+    from mlaq.validate.report import report_json, write_report
+    from mlaq.validate.runner import run_validation
+    from mlaq.validate.summary import print_summary
+
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0, got {args.threads}")
+    config = config_from_args(args)
+    if args.eval_text and not config.eval_text.is_file():
+        raise FileNotFoundError(f"--eval-text {config.eval_text}: no such file")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run_validation(config, progress=make_progress(not args.no_progress))
+    if args.out:
+        paths = write_report(report, args.out)
+        print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(report_json(report))
+    else:
+        print_summary(report)
+    return 0

@@ -1,0 +1,142 @@
+"""What ``mlaq validate`` runs: the settings of one validation, the variants it compares, the default model.
+
+A *variant* is one way of running the same checkpoint: a compute dtype plus the BMM scheme every MLA
+layer's absorbed matmuls use (``scheme=None``: the policy's per-layer decisions, ``--as-configured``).
+Every candidate is compared with the REFERENCE (bf16 compute, bf16 BMMs: what every engine runs by
+default) on the same weights, inputs and seeds; the NOISE_FLOOR (fp32 compute, fp32 BMMs) is measured the
+same way, so a reader can tell which differences matter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from mlaq.bmm.registry import scheme_names
+from mlaq.model import Precision
+from mlaq.settings import Settings
+from mlaq.validate import defaults as d
+from mlaq.validate.defaults import DEFAULT_SCHEMES
+
+BUNDLED_MODEL = "mlaq-tiny"
+EVAL_TEXT_NAME = "heldout.txt"  # the held-out evaluation text shipped beside a bundled checkpoint
+
+
+class VariantKind(Enum):
+    REFERENCE = "reference"
+    NOISE_FLOOR = "noise_floor"
+    SCHEME = "scheme"
+    AS_CONFIGURED = "as_configured"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of running the checkpoint."""
+
+    name: str  # report key: the scheme name, "fp32" (noise floor) or "as-configured"
+    kind: VariantKind
+    dtype: torch.dtype  # compute dtype of the whole model
+    scheme: str | None  # BMM scheme of every MLA layer (MTP included); None: the policy's decisions
+
+
+REFERENCE = Variant("bf16", VariantKind.REFERENCE, torch.bfloat16, "bf16")
+NOISE_FLOOR = Variant("fp32", VariantKind.NOISE_FLOOR, torch.float32, "fp32")
+AS_CONFIGURED = "as-configured"
+
+
+def bundled_model_dir() -> Path:
+    """The checkpoint shipped inside the package (``mlaq/assets/mlaq-tiny``); a clear error if absent."""
+    path = Path(str(resources.files("mlaq"))) / "assets" / BUNDLED_MODEL
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the bundled model {BUNDLED_MODEL} is not installed at {path} (a checkout without the trained "
+            "asset?); pass a checkpoint directory as MODEL"
+        )
+    return path
+
+
+def default_eval_text(model: Path) -> Path:
+    """The held-out text shipped beside ``model``; a clear error when there is none."""
+    path = model / EVAL_TEXT_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{model} has no {EVAL_TEXT_NAME}: pass --eval-text PATH (a text file the model was not trained on)"
+        )
+    return path
+
+
+def check_schemes(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Known, distinct scheme names; an unknown one is an error listing the known ones."""
+    known = scheme_names()
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown scheme {name!r}; known schemes: {', '.join(known)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"schemes listed twice: {', '.join(names)}")
+    return names
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """One validation run. Sizes default to a run of a few minutes on two CPU cores."""
+
+    model: Path
+    eval_text: Path
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES
+    as_configured: bool = False
+    settings: Settings = field(default_factory=Settings)  # only for as_configured
+    quantization_config: str | None = None  # only for as_configured (JSON text or @file)
+    precision: Precision = Precision.DECODE_ONLY  # which kv_b weights prefill (naive MLA) uses
+    context_len: int | None = None  # None: min(max_position_embeddings, d.MAX_DEFAULT_CONTEXT)
+    windows: int = d.WINDOWS  # teacher-forced windows of context_len tokens
+    buckets: int = d.BUCKETS  # context-position buckets
+    prompts: int = d.PROMPTS  # free-running greedy generations (MTP speculative when k >= 1)
+    prompt_len: int = d.PROMPT_LEN
+    max_tokens: int = d.MAX_TOKENS
+    num_speculative_tokens: int = d.NUM_SPECULATIVE_TOKENS  # k; 0: plain greedy, no acceptance figures
+    ngram: int = d.NGRAM  # n of the repeated n-gram share
+    seed: int = 0  # picks windows and prompts; seeds the engine
+
+    def __post_init__(self) -> None:
+        check_schemes(self.schemes)
+        if not self.schemes and not self.as_configured:
+            raise ValueError("nothing to validate: give at least one scheme or --as-configured")
+        positive = {
+            "windows": self.windows,
+            "buckets": self.buckets,
+            "prompts": self.prompts,
+            "prompt_len": self.prompt_len,
+            "max_tokens": self.max_tokens,
+            "ngram": self.ngram,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        if self.context_len is not None and self.context_len < 2:
+            raise ValueError(f"context_len must be at least 2 tokens, got {self.context_len}")
+        if self.quantization_config is not None and not self.as_configured:
+            raise ValueError("--quantization-config is what --as-configured measures; pass both")
+
+    def resolve_context(self, max_position_embeddings: int) -> int:
+        """The teacher-forcing window length for a model with this context."""
+        if self.context_len is None:
+            return min(max_position_embeddings, d.MAX_DEFAULT_CONTEXT)
+        if self.context_len > max_position_embeddings:
+            raise ValueError(
+                f"--context-len {self.context_len} exceeds the model's max_position_embeddings "
+                f"{max_position_embeddings}; use at most {max_position_embeddings}"
+            )
+        return self.context_len
+
+    def variants(self, reference: Variant = REFERENCE) -> tuple[Variant, ...]:
+        """The candidates, in report order: schemes (at the reference's dtype), then as-configured."""
+        out = [Variant(s, VariantKind.SCHEME, reference.dtype, s) for s in self.schemes]
+        if self.as_configured:
+            out.append(Variant(AS_CONFIGURED, VariantKind.AS_CONFIGURED, reference.dtype, None))
+        return tuple(out)

@@ -1,0 +1,17 @@
+"""Defaults of ``mlaq validate``, in a module without heavy imports (the CLI parser reads them).
+
+Sizes are chosen so the default run on the bundled model stays within about three minutes on two
+CPU cores (one torch thread; see the README's timing).
+"""
+
+from __future__ import annotations
+
+DEFAULT_SCHEMES = ("fp8_per_tensor", "fp8_per_block", "mxfp4", "mxfp4_w4a16", "mxfp8")
+MAX_DEFAULT_CONTEXT = 2048  # default --context-len: the model's context, capped (CPU emulation)
+WINDOWS = 3  # teacher-forced windows of context_len tokens
+BUCKETS = 8  # context-position buckets
+PROMPTS = 4  # greedy generations (MTP speculative when k >= 1)
+PROMPT_LEN = 256
+MAX_TOKENS = 64
+NUM_SPECULATIVE_TOKENS = 3
+NGRAM = 4

@@ -1,0 +1,55 @@
+"""``write_report``: report.md, report.json and the PNG plots into a directory, atomically.
+
+Everything is first written into a fresh temporary directory beside the target; only when every file
+is complete are they moved into place with ``os.replace`` (atomic per file on POSIX). A failure while
+writing (a plotting error, a full disk) removes the temporary directory and leaves the previous
+report untouched. Plots need matplotlib; without it the report says they were skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlaq.validate.report_md import render_markdown
+
+REPORT_MD = "report.md"
+REPORT_JSON = "report.json"
+
+
+def report_json(report: dict[str, Any]) -> str:
+    """The JSON text (strict: NaN and infinities are errors, never written)."""
+    return json.dumps(report, indent=2, allow_nan=False) + "\n"
+
+
+def write_report(report: dict[str, Any], out: str | Path, *, plots: bool = True) -> list[Path]:
+    """Write the report files into ``out`` (created if needed); returns their paths."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".mlaq-validate-", dir=out))
+    try:
+        names = []
+        if plots:
+            try:
+                from mlaq.validate.plots import write_plots
+
+                names = write_plots(report, tmp)
+            except ImportError:  # matplotlib is optional
+                names = []
+        (tmp / REPORT_JSON).write_text(report_json(report), encoding="utf-8")
+        md = render_markdown(report, names)
+        if plots and not names:
+            md += "\n(Plots skipped: matplotlib is not installed.)\n"
+        (tmp / REPORT_MD).write_text(md, encoding="utf-8")
+        files = [*names, REPORT_JSON, REPORT_MD]
+        for name in files:
+            os.replace(tmp / name, out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [out / name for name in files]
