@@ -23,6 +23,7 @@ from mlaq.model import ModelCache
 from mlaq.model.config import ModelConfig
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_core import AbsorbedWeights
+from mlaq.policy import decide_from_dir
 from mlaq.validate.capture import LayerInput, attention_output, capture_reference
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant
 from mlaq.validate.generation import Generation, generate
@@ -87,6 +88,8 @@ def measure(
     progress = progress or NullProgress()
     t0 = time.perf_counter()
     model_config = ModelConfig.from_dir(config.model)
+    if config.as_configured:  # a bad --quantization-config fails now, not after minutes of work
+        decide_from_dir(config.model, config.settings, config.quantization_config, log=False)
     context = config.resolve_context(model_config.max_position_embeddings)
     needed = config.prompt_len + config.max_tokens + config.num_speculative_tokens
     if needed > context:

@@ -1,0 +1,113 @@
+"""``mlaq validate`` through the command line (subprocesses against the mlaq under test)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+from validate_helpers import MAX_POSITIONS, tiny_checkpoint
+
+SMALL = [
+    "--context-len", "48", "--windows", "1", "--buckets", "3", "--prompts", "2",
+    "--prompt-len", "12", "--max-tokens", "6", "--num-speculative-tokens", "2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny_cli"))
+
+
+def test_end_to_end_with_out_and_json(mlaq_cli, checkpoint, tmp_path) -> None:
+    out = tmp_path / "report"
+    args = ["validate", str(checkpoint), "--schemes", "mxfp4,fp8_per_tensor", *SMALL]
+    res = mlaq_cli(*args, "--out", str(out), "--json", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)  # exactly one JSON object, nothing else on stdout
+    assert set(report["schemes"]) == {"mxfp4", "fp8_per_tensor"}
+    for key in (
+        "attn_rel_err",
+        "kl",
+        "top1_agreement",
+        "nll_delta",
+        "acceptance_rate",
+        "mean_acceptance_length",
+    ):
+        assert isinstance(report["schemes"]["mxfp4"][key], float)
+    assert report["reference"]["acceptance_rate"] is not None and report["noise_floor"]["kl"] >= 0
+    names = {p.name for p in out.iterdir()}
+    assert {"report.md", "report.json"} <= names
+    if pytest.importorskip("matplotlib"):
+        assert {"error_vs_position.png", "acceptance_per_position.png", "per_layer_error.png"} <= names
+    assert json.loads((out / "report.json").read_text())["schemes"].keys() == report["schemes"].keys()
+
+
+def test_table_and_progress(mlaq_cli, checkpoint) -> None:
+    res = mlaq_cli("validate", str(checkpoint), "--schemes", "mxfp4", *SMALL)
+    assert res.returncode == 0, res.stderr
+    assert "bf16 (reference)" in res.stdout and "mxfp4" in res.stdout and "noise floor" in res.stdout
+    assert "validate" in res.stderr  # progress goes to stderr
+
+
+def test_unknown_scheme_lists_the_known_ones(mlaq_cli, checkpoint) -> None:
+    res = mlaq_cli("validate", str(checkpoint), "--schemes", "mxfp5")
+    assert res.returncode == 2
+    assert (
+        "unknown scheme 'mxfp5'" in res.stderr
+        and "mxfp4_w4a16" in res.stderr
+        and "fp8_per_block" in res.stderr
+    )
+
+
+def test_missing_eval_text(mlaq_cli, checkpoint, tmp_path) -> None:
+    res = mlaq_cli("validate", str(checkpoint), "--eval-text", str(tmp_path / "nope.txt"))
+    assert res.returncode == 2 and "nope.txt" in res.stderr and "no such file" in res.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (bare / name).write_bytes((checkpoint / name).read_bytes())
+    res = mlaq_cli("validate", str(bare))
+    assert res.returncode == 2 and "heldout.txt" in res.stderr and "--eval-text" in res.stderr
+
+
+def test_context_longer_than_the_model(mlaq_cli, checkpoint) -> None:
+    res = mlaq_cli("validate", str(checkpoint), "--context-len", str(MAX_POSITIONS + 1))
+    assert res.returncode == 2
+    assert f"max_position_embeddings {MAX_POSITIONS}" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--windows", "0"], "windows must be at least 1"),
+        (["--num-speculative-tokens", "-1"], "num_speculative_tokens must be >= 0"),
+        (["--context-len", "32", "--prompt-len", "30"], "do not fit the context"),
+        (["--context-len", "4000"], "exceeds the model's max_position_embeddings"),
+        (["--as-configured", "--quantization-config", "{bad"], "not valid JSON"),
+        (["--schemes", "mxfp4", "mxfp4"], "listed twice"),
+        (["--quantization-config", '{"targets": {"re:.*o_proj": "mxfp4"}}'], "kv_b_proj"),
+        (["--threads", "-1"], "--threads must be >= 0"),
+    ],
+)
+def test_bad_inputs_are_clear_errors(checkpoint, args, message, capsys) -> None:
+    from mlaq.cli import main
+
+    assert main(["validate", str(checkpoint), "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mlaq validate: error: ") and message in err, err
+
+
+def test_not_a_checkpoint(mlaq_cli, tmp_path) -> None:
+    res = mlaq_cli("validate", str(tmp_path))
+    assert res.returncode == 2 and "no config.json" in res.stderr
+
+
+def test_bundled_model_missing_is_a_clear_error(monkeypatch, tmp_path) -> None:
+    from mlaq.validate import config
+
+    monkeypatch.setattr(config.resources, "files", lambda _pkg: tmp_path)
+    with pytest.raises(FileNotFoundError, match="pass a checkpoint directory as MODEL"):
+        config.bundled_model_dir()
