@@ -165,3 +165,27 @@ def test_precision_consistent_changes_only_prefill(checkpoint) -> None:
     b = run_validation(replace(base, precision=Precision.CONSISTENT), noise_floor=None)
     assert a["schemes"]["mxfp4"]["kl"] == b["schemes"]["mxfp4"]["kl"]
     assert b["config"]["precision"] == "consistent"
+
+
+def test_without_speculation(checkpoint) -> None:
+    cfg = ValidateConfig(
+        model=checkpoint,
+        eval_text=checkpoint / "heldout.txt",
+        schemes=("mxfp8",),
+        **{**SMALL, "windows": 1, "num_speculative_tokens": 0},
+    )
+    r = run_validation(cfg, noise_floor=None)
+    s = r["schemes"]["mxfp8"]
+    assert s["acceptance_rate"] is None and s["mean_acceptance_length"] is None
+    assert r["reference"]["num_drafts"] is None
+    assert len(s["generation"]["first_divergence"]) == 2 and s["kl"] > 0
+
+
+def test_a_checkpoint_without_mtp_weights_needs_k_0(tmp_path) -> None:
+    ckpt = tiny_checkpoint(tmp_path / "no_mtp", mtp=False)
+    cfg = ValidateConfig(model=ckpt, eval_text=ckpt / "heldout.txt", schemes=("mxfp4",), **SMALL)
+    with pytest.raises(ValueError, match="--num-speculative-tokens 0"):
+        run_validation(cfg)
+    r = run_validation(replace(cfg, num_speculative_tokens=0, windows=1), noise_floor=None)
+    layers = r["schemes"]["mxfp4"]["attn_rel_err_by_layer"]
+    assert [x["mtp"] for x in layers] == [False, False]

@@ -32,15 +32,19 @@ def eval_text(lines: int = 120) -> str:
     return "".join(out)
 
 
-def tiny_checkpoint(path: Path, model_type: str = "deepseek_v3", **overrides: object) -> Path:
-    """A random ``model_type`` checkpoint with one MTP layer, tokenizer.json and heldout.txt."""
+def tiny_checkpoint(
+    path: Path, model_type: str = "deepseek_v3", *, mtp: bool = True, **overrides: object
+) -> Path:
+    """A random ``model_type`` checkpoint with one MTP layer (unless ``mtp=False``: transformers then
+    saves none), tokenizer.json and heldout.txt."""
     layers = {"num_hidden_layers": 2}
     if model_type == "glm_moe_dsa":  # the MTP layer copies the last layer: give it a full indexer
         layers = {"num_hidden_layers": 3, "indexer_types": ["full", "shared", "full"]}
     model, _ = hf_checkpoint(
         model_type, path, **{**layers, "max_position_embeddings": MAX_POSITIONS, **overrides}
     )
-    add_mtp_layer(model, path, shards=1)
+    if mtp:
+        add_mtp_layer(model, path, shards=1)
     edit_config(path, torch_dtype="bfloat16")  # the reference runs in bf16 either way
     write_char_tokenizer(path)
     (path / "heldout.txt").write_text(eval_text())

@@ -18,7 +18,9 @@ def write_plots(r: dict[str, Any], directory: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
+    plain = FuncFormatter(lambda y, _pos: f"{y:g}")  # 0.2, 1, 5 rather than 2x10^-1 on log axes
     names = []
     centers = [(a + b - 1) / 2 for a, b in r["buckets"]]
 
@@ -36,6 +38,8 @@ def write_plots(r: dict[str, Any], directory: Path) -> list[str]:
         ax.set_xlabel("context position")
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(plain)
+    axes[0].yaxis.set_minor_formatter(plain)
     axes[1].set_yscale("symlog", linthresh=1e-5)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
@@ -71,6 +75,8 @@ def write_plots(r: dict[str, Any], directory: Path) -> list[str]:
         ax.set_xlabel("layer")
         ax.set_ylabel("attention error (%)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
         ax.set_title("attention error by layer (same captured inputs)")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)

@@ -68,6 +68,10 @@ def _summary(r: dict[str, Any]) -> list[str]:
         f"{n}-grams seen earlier in the same generation.",
         "- **accept / mean len**: MTP speculative decoding, draft and target under the scheme: vLLM's "
         "avg draft acceptance rate and mean acceptance length (1 + accepted / drafts).",
+        "- **fp32 (noise floor)**: the whole model in fp32 (every matmul, both BMMs) against the bf16 "
+        "reference: the rounding noise any bf16 deployment already accepts. A scheme whose figures sit "
+        "at this level costs nothing measurable. (The floor changes every matmul, a scheme only its two "
+        "BMMs, so the floor can exceed a good scheme on end-to-end figures.)",
         "",
     ]
 

@@ -112,6 +112,11 @@ def measure(
     others = ([noise_floor] if noise_floor is not None else []) + list(candidates)
     runs = {v: VariantRun(v, BucketSums(buckets)) for v in [reference, *others]}
     pool = ModelPool(config)
+    if config.num_speculative_tokens and pool.model(reference).num_mtp_layers == 0:
+        raise ValueError(
+            f"{config.model} has no MTP layer weights, so MTP speculative decoding cannot run; "
+            "pass --num-speculative-tokens 0"
+        )
     timings = {"load_and_tokenize": time.perf_counter() - t0}
     windows = data.windows()
     progress.begin(len(windows) * (1 + len(others)) + 1 + len(others))
