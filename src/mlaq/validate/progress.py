@@ -18,7 +18,9 @@ class Progress(Protocol):
         """Starting a new step (the previous one is done)."""
         ...
 
-    def end(self) -> None: ...
+    def end(self, ok: bool = True) -> None:
+        """The run finished (``ok``) or failed."""
+        ...
 
 
 class NullProgress:
@@ -28,7 +30,7 @@ class NullProgress:
     def step(self, description: str) -> None:
         pass
 
-    def end(self) -> None:
+    def end(self, ok: bool = True) -> None:
         pass
 
 
@@ -51,8 +53,9 @@ class PlainProgress:
         )
         self.stream.flush()
 
-    def end(self) -> None:
-        print(f"validate: done in {time.perf_counter() - self.start:.0f}s", file=self.stream)
+    def end(self, ok: bool = True) -> None:
+        word = "done in" if ok else "failed after"
+        print(f"validate: {word} {time.perf_counter() - self.start:.0f}s", file=self.stream)
 
 
 class RichProgress:
@@ -85,10 +88,12 @@ class RichProgress:
         self._started = True
         self._bar.update(self._task, description=description)
 
-    def end(self) -> None:
-        if self._started:
+    def end(self, ok: bool = True) -> None:
+        if self._task is None:
+            return
+        if self._started and ok:
             self._bar.advance(self._task)
-        self._bar.update(self._task, description="done")
+        self._bar.update(self._task, description="done" if ok else "failed")
         self._bar.stop()
 
 

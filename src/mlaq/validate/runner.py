@@ -85,6 +85,7 @@ def measure(
     noise_floor: Variant | None = NOISE_FLOOR,
     progress: Progress | None = None,
 ) -> Measured:
+    """Every measurement, raw (``run_validation`` assembles them into the report dict)."""
     progress = progress or NullProgress()
     t0 = time.perf_counter()
     model_config = ModelConfig.from_dir(config.model)
@@ -120,17 +121,68 @@ def measure(
     timings = {"load_and_tokenize": time.perf_counter() - t0}
     windows = data.windows()
     progress.begin(len(windows) * (1 + len(others)) + 1 + len(others))
+    ok = False
+    try:
+        t1 = time.perf_counter()
+        operands = _teacher_forced(pool, runs, reference, others, windows, progress)
+        timings["teacher_forced_and_per_layer"] = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        prompts = data.prompts()
+        for v in [reference, *others]:
+            k = config.num_speculative_tokens
+            progress.step(f"{v.name}: greedy generation" + (f", MTP k={k}" if k else ""))
+            start = time.perf_counter()
+            runs[v].generation = gen = generate(
+                pool.model(v),
+                prompts,
+                max_tokens=config.max_tokens,
+                num_speculative_tokens=k,
+                max_model_len=context,
+                seed=config.seed,
+            )
+            runs[v].sample = tokenizer.decode(gen.tokens[0])
+            runs[v].seconds += time.perf_counter() - start
+        timings["generation"] = time.perf_counter() - t2
+        ok = True
+    finally:
+        progress.end(ok)
+    timings["total"] = time.perf_counter() - t0
+    return Measured(
+        config,
+        model_config,
+        data,
+        buckets,
+        runs[reference],
+        runs[noise_floor] if noise_floor is not None else None,
+        [runs[v] for v in candidates],
+        operands,
+        pool.decisions(),
+        timings,
+        pool.model(reference).num_mtp_layers,
+        tokenizer.decode(prompts[0][-48:]),
+    )
 
-    t1 = time.perf_counter()
+
+def _teacher_forced(
+    pool: ModelPool,
+    runs: dict[Variant, VariantRun],
+    reference: Variant,
+    others: Sequence[Variant],
+    windows: Sequence[torch.Tensor],
+    progress: Progress,
+) -> dict[int, dict[str, float]]:
+    """Per window: capture under the reference, then every variant teacher-forced and per layer.
+    Returns the first window's operand statistics per layer."""
     operands: dict[int, dict[str, float]] = {}
+    ref_run = runs[reference]
+    ref_abs: dict[int, AbsorbedWeights] = {}
     for w, ids in enumerate(windows):
         progress.step(f"reference capture, window {w + 1}/{len(windows)}")
         start = time.perf_counter()
         ref_model = pool.model(reference)
         window = capture_reference(ref_model, ids)
-        ref_run = runs[reference]
         nll = -window.logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0]  # (T-1,)
-        ref_run.sums.add("nll", torch.arange(context - 1), nll)
+        ref_run.sums.add("nll", torch.arange(nll.shape[0]), nll)
         if w == 0:  # per-op figures on the first window (the reference's weights are snapshotted)
             ref_abs = _absorbed(ref_model, window.layers)
             for inp in window.layers:
@@ -151,41 +203,7 @@ def measure(
                 runs[v].ops = [op_errors(abs_v[i.layer], ref_abs[i.layer], i) for i in window.layers]
                 runs[v].descriptions = scheme_descriptions(model)
             runs[v].seconds += time.perf_counter() - start
-    timings["teacher_forced_and_per_layer"] = time.perf_counter() - t1
-
-    t2 = time.perf_counter()
-    prompts = data.prompts()
-    for v in [reference, *others]:
-        k = config.num_speculative_tokens
-        progress.step(f"{v.name}: greedy generation" + (f", MTP k={k}" if k else ""))
-        start = time.perf_counter()
-        runs[v].generation = gen = generate(
-            pool.model(v),
-            prompts,
-            max_tokens=config.max_tokens,
-            num_speculative_tokens=config.num_speculative_tokens,
-            max_model_len=context,
-            seed=config.seed,
-        )
-        runs[v].sample = tokenizer.decode(gen.tokens[0])
-        runs[v].seconds += time.perf_counter() - start
-    progress.end()
-    timings["generation"] = time.perf_counter() - t2
-    timings["total"] = time.perf_counter() - t0
-    return Measured(
-        config,
-        model_config,
-        data,
-        buckets,
-        runs[reference],
-        runs[noise_floor] if noise_floor is not None else None,
-        [runs[v] for v in candidates],
-        operands,
-        pool.decisions(),
-        timings,
-        pool.model(reference).num_mtp_layers,
-        tokenizer.decode(prompts[0][-48:]),
-    )
+    return operands
 
 
 def _add_divergence(
