@@ -111,3 +111,20 @@ def test_bundled_model_missing_is_a_clear_error(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(config.resources, "files", lambda _pkg: tmp_path)
     with pytest.raises(FileNotFoundError, match="pass a checkpoint directory as MODEL"):
         config.bundled_model_dir()
+
+
+def test_bundled_model_smoke(mlaq_cli) -> None:
+    """With no MODEL the bundled mlaq-tiny and its held-out text are used (a small, fast run)."""
+    from mlaq.validate.config import bundled_model_dir
+
+    try:
+        asset = bundled_model_dir()
+    except FileNotFoundError:
+        pytest.skip("the bundled mlaq-tiny asset is not in this checkout")
+    args = ["--context-len", "256", "--windows", "1", "--prompts", "1", "--prompt-len", "64"]
+    res = mlaq_cli("validate", "--schemes", "mxfp4", *args, "--max-tokens", "8", "--json", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["model"]["path"] == str(asset) and report["eval_text"]["path"].endswith("heldout.txt")
+    assert report["model"]["num_mtp_layers"] == 1
+    assert report["schemes"]["mxfp4"]["attn_rel_err"] > report["noise_floor"]["attn_rel_err"]
