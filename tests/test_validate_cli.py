@@ -128,3 +128,22 @@ def test_bundled_model_smoke(mlaq_cli) -> None:
     assert report["model"]["path"] == str(asset) and report["eval_text"]["path"].endswith("heldout.txt")
     assert report["model"]["num_mtp_layers"] == 1
     assert report["schemes"]["mxfp4"]["attn_rel_err"] > report["noise_floor"]["attn_rel_err"]
+
+
+def test_as_configured_reads_the_settings_from_the_environment(mlaq_cli, checkpoint) -> None:
+    res = mlaq_cli(
+        "validate",
+        str(checkpoint),
+        "--as-configured",
+        *SMALL,
+        "--json",
+        "--no-progress",
+        env={"MLAQ_FP4BMM": "1"},
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["schemes"] == {}  # --as-configured alone: no default scheme list
+    ac = report["as_configured"]
+    assert {(d["scheme"], d["rule"]) for d in ac["decisions"]} == {("mxfp4", "flag")}
+    assert report["config"]["settings"] == {"MLAQ_FP8BMM": False, "MLAQ_FP4BMM": True}
+    assert ac["attn_rel_err"] > 0.05 and ac["schemes"] == {"mxfp4": ac["schemes"]["mxfp4"]}
