@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 from typing import Any
 
 from mlaq.bmm import get_scheme
@@ -23,12 +24,14 @@ from mlaq.model.weights import CheckpointWeight, WeightFormat
 LOGGER = logging.getLogger("mlaq.model")
 
 # policy StoredFormat.name -> the on-disk format the loader must have found
-_STORED = {
-    "fp8_per_block": WeightFormat.FP8_BLOCK,
-    "fp8_per_channel": WeightFormat.FP8_SCALED,
-    "fp8_per_tensor": WeightFormat.FP8_SCALED,
-    "mxfp4": WeightFormat.MXFP4,
-}
+_STORED = MappingProxyType(
+    {
+        "fp8_per_block": WeightFormat.FP8_BLOCK,
+        "fp8_per_channel": WeightFormat.FP8_SCALED,
+        "fp8_per_tensor": WeightFormat.FP8_SCALED,
+        "mxfp4": WeightFormat.MXFP4,
+    }
+)
 
 
 def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, precision: Precision) -> None:
