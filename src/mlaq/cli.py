@@ -17,6 +17,7 @@ from mlaq import __version__
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench-bmm": ("mlaq.bench_bmm", "time every BMM scheme and an absorbed decode step"),
     "explain": ("mlaq.explain", "show which BMM scheme each MLA layer's kv_b_proj gets, and why"),
+    "generate": ("mlaq.engine.generate_cli", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
 }
 
 

@@ -1,0 +1,129 @@
+"""Decode throughput: mlaq's engine (plain and MTP k = 1..3) vs transformers ``generate``, one run.
+
+    /work/venv/bin/python bench/decode.py                  # bundled mlaq-tiny if present, else a random tiny checkpoint
+    /work/venv/bin/python bench/decode.py --model DIR --batches 1 4 16 --new-tokens 64
+
+Tokens/s = generated tokens / wall time of the whole generate call (prefill included), greedy,
+ignore_eos, fp32 on CPU, one thread set by --threads. Ratios are mlaq / transformers at equal batch.
+Speculative rows also give vLLM's mean acceptance length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny"
+
+from mlaq.engine.llm import LLM  # noqa: E402
+from mlaq.engine.sampling_params import SamplingParams  # noqa: E402
+
+
+def random_checkpoint(path: Path) -> Path:
+    """A random DeepSeek-V3 checkpoint with an MTP layer (the test helpers' builder, small dims)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from model_helpers import add_mtp_layer, hf_checkpoint
+
+    model, _ = hf_checkpoint(
+        "deepseek_v3", path, num_hidden_layers=4, hidden_size=256, vocab_size=2048, intermediate_size=512,
+        moe_intermediate_size=128, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=128,
+    )  # fmt: skip
+    add_mtp_layer(model, path)
+    return path
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(3, vocab, (batch, length), generator=g).tolist()
+
+
+def bench_mlaq(path: Path, batch: int, args: argparse.Namespace, k: int) -> tuple[float, str]:
+    spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    llm = LLM(
+        path, max_model_len=args.prompt_len + args.new_tokens + 8, max_num_seqs=batch, speculative_config=spec
+    )
+    params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+    ps = [{"prompt_token_ids": p} for p in prompts(batch, args.prompt_len, llm.engine.model.vocab_size)]
+    llm.generate(ps[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(ps, params)
+    elapsed = time.perf_counter() - start
+    stats = llm.spec_decoding_stats
+    note = ""
+    if stats is not None and stats.num_drafts:
+        note = f"mean acceptance length {stats.mean_acceptance_length:.2f}"
+    return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed, note
+
+
+def bench_transformers(path: Path, batch: int, args: argparse.Namespace) -> float:
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # the MTP tensors it does not know are expected
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size))
+    kw = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False}
+    with torch.no_grad():
+        model.generate(ids[:1], max_new_tokens=2, do_sample=False)  # warm-up
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        elapsed = time.perf_counter() - start
+    return (out.shape[1] - ids.shape[1]) * batch / elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--spec", type=int, nargs="+", default=[1, 2, 3], help="MTP num_speculative_tokens values")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.model or (
+            BUNDLED if (BUNDLED / "config.json").is_file() else random_checkpoint(Path(tmp))
+        )
+        print(f"model: {path if path != Path(tmp) else 'random tiny DeepSeek-V3 + MTP'}")
+        print(
+            f"machine: {cpu_name()} ({os.cpu_count()} cores), {args.threads} thread(s), torch {torch.__version__}"
+        )
+        print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, greedy, fp32\n")
+        print(
+            "| batch | transformers tok/s | mlaq tok/s | ratio | "
+            + " | ".join(f"mlaq MTP k={k} tok/s (ratio; accept len)" for k in args.spec)
+            + " |"
+        )
+        print("|" + "---|" * (4 + len(args.spec)))
+        for batch in args.batches:
+            hf = bench_transformers(path, batch, args)
+            plain, _ = bench_mlaq(path, batch, args, 0)
+            cells = [f"{batch}", f"{hf:.1f}", f"{plain:.1f}", f"{plain / hf:.2f}x"]
+            for k in args.spec:
+                tps, note = bench_mlaq(path, batch, args, k)
+                cells.append(f"{tps:.1f} ({tps / hf:.2f}x; {note.split()[-1] if note else '-'})")
+            print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

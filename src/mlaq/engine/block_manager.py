@@ -1,0 +1,143 @@
+"""Paged allocation of cache slots: fixed-size blocks, a free list, one block table per sequence.
+
+A slot is one token's place in the cache: slot = block_id * block_size + offset. One block table
+serves every layer (the per-layer storage in ``kv_cache`` is indexed by the same slots), as in
+vLLM's paged attention. Sequences grow a slot at a time (decode) or k+1 at a time (speculative
+verification) and shrink again when draft tokens are rejected (``truncate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class BatchSlots:
+    """Where a batch of sequences' cached tokens live: what a gather needs, computed once a step."""
+
+    slots: Tensor  # (B, S_max) int64; padded positions point at slot 0 and are masked
+    lengths: Tensor  # (B,) int64, cached tokens per sequence
+
+    @property
+    def mask(self) -> Tensor:
+        """(B, S_max) bool, True where a position holds one of the sequence's tokens."""
+        return torch.arange(self.slots.shape[1])[None, :] < self.lengths[:, None]
+
+
+class BlockManager:
+    """Owns which blocks are free and which belong to which sequence (by any hashable id)."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        if num_blocks < 1 or block_size < 1 or max_model_len < 1:
+            raise ValueError(
+                f"num_blocks ({num_blocks}), block_size ({block_size}) and max_model_len "
+                f"({max_model_len}) must all be at least 1"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        # Pop from the end: the lowest block ids are handed out first (easier to read in tests).
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._tables: dict[Hashable, list[int]] = {}
+        self._lengths: dict[Hashable, int] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)  # ceil
+
+    def check_fits(self, num_tokens: int, what: str = "prompt") -> None:
+        """Raise ValueError when ``num_tokens`` could never be cached, even in an empty pool."""
+        if num_tokens > self.max_model_len:
+            raise ValueError(
+                f"{what} of {num_tokens} tokens does not fit max_model_len={self.max_model_len}; "
+                "shorten it or raise max_model_len"
+            )
+        if self.blocks_needed(num_tokens) > self.num_blocks:
+            raise ValueError(
+                f"{what} of {num_tokens} tokens needs {self.blocks_needed(num_tokens)} cache blocks of "
+                f"{self.block_size} tokens but the KV cache pool has only {self.num_blocks}; "
+                "raise the number of cache blocks or shorten it"
+            )
+
+    def can_grow(self, seq_id: Hashable, num_tokens: int) -> bool:
+        """Whether ``seq_id`` (new or existing) can be brought to ``num_tokens`` slots right now."""
+        have = len(self._tables.get(seq_id, ()))
+        return self.blocks_needed(num_tokens) - have <= len(self._free)
+
+    def grow(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Give ``seq_id`` slots for ``num_tokens`` tokens in all (allocating it if new)."""
+        self.check_fits(num_tokens, what=f"sequence {seq_id!r}")
+        table = self._tables.setdefault(seq_id, [])
+        self._lengths.setdefault(seq_id, 0)
+        missing = self.blocks_needed(num_tokens) - len(table)
+        if missing > len(self._free):
+            if not table:
+                del self._tables[seq_id], self._lengths[seq_id]
+            raise ValueError(
+                f"KV cache pool exhausted: sequence {seq_id!r} needs {missing} more blocks, "
+                f"{len(self._free)} free; the scheduler must wait or preempt (check can_grow first)"
+            )
+        table.extend(self._free.pop() for _ in range(max(missing, 0)))
+        self._lengths[seq_id] = max(self._lengths[seq_id], num_tokens)
+
+    def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Keep only the first ``num_tokens`` slots (speculative rollback); free the blocks beyond."""
+        length = self.num_tokens(seq_id)
+        if not 0 <= num_tokens <= length:
+            raise ValueError(f"cannot truncate sequence {seq_id!r} of {length} tokens to {num_tokens}")
+        table = self._tables[seq_id]
+        keep = self.blocks_needed(num_tokens)
+        self._free.extend(reversed(table[keep:]))
+        del table[keep:]
+        self._lengths[seq_id] = num_tokens
+
+    def free(self, seq_id: Hashable) -> None:
+        """Return all of ``seq_id``'s blocks to the pool (unknown ids are an error)."""
+        self.num_tokens(seq_id)
+        self._free.extend(reversed(self._tables.pop(seq_id)))
+        del self._lengths[seq_id]
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        if seq_id not in self._lengths:
+            raise ValueError(f"unknown sequence {seq_id!r}: it holds no cache blocks")
+        return self._lengths[seq_id]
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        self.num_tokens(seq_id)
+        return list(self._tables[seq_id])
+
+    def slot_mapping(self, seq_id: Hashable, start: int, end: int) -> Tensor:
+        """(end - start,) int64 slots of token positions [start, end) of ``seq_id``."""
+        if not 0 <= start <= end <= self.num_tokens(seq_id):
+            raise ValueError(
+                f"positions [{start}, {end}) are outside sequence {seq_id!r} of "
+                f"{self.num_tokens(seq_id)} slots; grow it first"
+            )
+        pos = torch.arange(start, end)  # (T,)
+        table = torch.tensor(self._tables[seq_id], dtype=torch.int64)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def batch_slots(self, seq_ids: Sequence[Hashable], lengths: Sequence[int] | None = None) -> BatchSlots:
+        """Slots of the first ``lengths[i]`` tokens (default: all) of each sequence, padded to S_max."""
+        lens = [self.num_tokens(s) for s in seq_ids] if lengths is None else list(lengths)
+        for s, n in zip(seq_ids, lens, strict=True):
+            if not 0 <= n <= self.num_tokens(s):
+                raise ValueError(f"sequence {s!r} has {self.num_tokens(s)} slots, asked for {n}")
+        s_max = max(lens, default=0)
+        max_blocks = max(self.blocks_needed(s_max), 1)
+        tables = torch.zeros(len(lens), max_blocks, dtype=torch.int64)  # (B, max_blocks)
+        for row, s in enumerate(seq_ids):
+            t = self._tables[s][:max_blocks]
+            tables[row, : len(t)] = torch.tensor(t, dtype=torch.int64)
+        pos = torch.arange(s_max)  # (S_max,)
+        slots = tables[:, pos // self.block_size] * self.block_size + pos % self.block_size  # (B, S_max)
+        lengths_t = torch.tensor(lens, dtype=torch.int64)
+        slots = slots.masked_fill(pos[None, :] >= lengths_t[:, None], 0)
+        return BatchSlots(slots, lengths_t)

@@ -1,0 +1,96 @@
+"""``mlaq generate MODEL --prompt ...`` — complete prompts with mlaq's engine; with
+``--speculative-config`` also print vLLM's ``SpecDecoding metrics`` line."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", metavar="MODEL", help="checkpoint directory (config.json, safetensors, tokenizer.json)"
+    )
+    parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap each prompt as a user message (chat template)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default here)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='MTP speculative decoding, as vLLM: \'{"method": "mtp", "num_speculative_tokens": 3}\'',
+    )
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"])
+    parser.add_argument(
+        "--quantization-config",
+        metavar="JSON|@FILE",
+        help='explicit per-layer BMM schemes: \'{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}\'',
+    )
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    parser.add_argument("--stream", action="store_true", help="print text as it is generated (one prompt)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    import torch
+
+    from mlaq.engine.llm import LLM
+    from mlaq.engine.sampling_params import SamplingParams
+
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    llm = LLM(
+        args.model,
+        dtype=dtype,
+        quantization_config=args.quantization_config,
+        max_model_len=args.max_model_len,
+        kv_cache_dtype=args.kv_cache_dtype,
+        speculative_config=args.speculative_config,
+    )
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
+    )
+    prompts: list = list(args.prompt)
+    if args.chat:
+        if llm.tokenizer is None:
+            raise ValueError("--chat needs the checkpoint's tokenizer.json")
+        texts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        prompts = [
+            {"prompt": t, "prompt_token_ids": llm.tokenizer.encode(t, add_special_tokens=False)}
+            for t in texts
+        ]
+    start = time.perf_counter()
+    if args.stream:
+        if len(prompts) != 1:
+            raise ValueError("--stream takes exactly one --prompt")
+        for delta in llm.generate_stream(prompts, params):
+            sys.stdout.write(delta.outputs[0].text)
+            sys.stdout.flush()
+        print()
+    else:
+        for out in llm.generate(prompts, params):
+            c = out.outputs[0]
+            text = c.text if llm.tokenizer is not None else " ".join(map(str, c.token_ids))
+            print(
+                f"--- prompt {out.request_id} ({len(out.prompt_token_ids)} tokens) -> {len(c.token_ids)} tokens, "
+                f"finish_reason={c.finish_reason}"
+            )
+            print(text)
+    stats = llm.spec_decoding_stats
+    if stats is not None:
+        print(stats.log_line(time.perf_counter() - start))
+    return 0

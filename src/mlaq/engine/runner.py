@@ -1,0 +1,96 @@
+"""The model runner: turns a batch of sequences into padded model inputs over the paged latent cache.
+
+For every call it computes the batch's slots once (one block table serves all layers), gathers
+each layer's latents as (B, S_max, L+R), runs the model with per-row positions, and writes the
+new entries of the real (non-padding) tokens back into the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from mlaq.engine.block_manager import BlockManager
+from mlaq.engine.kv_cache import LatentKVCache
+from mlaq.engine.model_api import LatentLM, LMOutput
+from mlaq.engine.sequence import Sequence as Seq
+
+
+class ModelRunner:
+    """Runs ``model`` for batches of ``Sequence``s; slots must already be allocated (the scheduler)."""
+
+    def __init__(self, model: LatentLM, cache: LatentKVCache, blocks: BlockManager, *, use_mtp: bool) -> None:
+        geometry = model.geometry
+        need = geometry.num_layers + (1 if use_mtp else 0)  # the MTP layer only when speculating
+        if cache.config.num_layers != need:
+            raise ValueError(f"the KV cache has {cache.config.num_layers} layers, the model needs {need}")
+        self.model = model
+        self.cache = cache
+        self.blocks = blocks
+
+    def _inputs(self, token_lists: Sequence[Sequence[int]], starts: Sequence[int]) -> tuple[Tensor, Tensor]:
+        t = max(len(tokens) for tokens in token_lists)
+        ids = torch.zeros(len(token_lists), t, dtype=torch.int64)  # (B, T), right-padded
+        for row, tokens in enumerate(token_lists):
+            ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+            ids[row, len(tokens) :] = tokens[-1]  # a real token id: padding outputs are discarded
+        positions = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(t)[None, :]  # (B, T)
+        return ids, positions
+
+    def _store(
+        self,
+        seqs: Sequence[Seq],
+        layers: Sequence[int],
+        entries: Sequence[Tensor],
+        lengths: Sequence[int],
+        starts: Sequence[int],
+    ) -> None:
+        slots = torch.cat(
+            [
+                self.blocks.slot_mapping(s.seq_id, st, st + n)
+                for s, st, n in zip(seqs, starts, lengths, strict=True)
+            ]
+        )  # (sum T_b,)
+        t = entries[0].shape[1]
+        real = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+        for layer, entry in zip(layers, entries, strict=True):
+            self.cache.write(layer, slots, entry[real])  # (B, T, E)[real] -> (sum T_b, E), row-major
+
+    def forward(
+        self, seqs: Sequence[Seq], token_lists: Sequence[Sequence[int]], *, prefill: bool
+    ) -> LMOutput:
+        """Main model over ``token_lists[b]``, placed after each sequence's ``num_cached`` tokens."""
+        starts = [s.num_cached for s in seqs]
+        ids, positions = self._inputs(token_lists, starts)
+        batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
+        layers = range(self.model.geometry.num_layers)
+        past = [self.cache.gather(layer, batch)[0] for layer in layers]  # (B, S_max, L+R) each
+        out = self.model.forward(ids, positions, past, prefill=prefill)
+        self._store(seqs, layers, out.entries, [len(t) for t in token_lists], starts)
+        return out
+
+    def mtp(
+        self,
+        seqs: Sequence[Seq],
+        token_lists: Sequence[Sequence[int]],
+        hidden: Sequence[Tensor],
+        starts: Sequence[int],
+    ) -> LMOutput:
+        """The MTP layer over ``token_lists[b]`` at positions ``starts[b]...`` with ``hidden[b]`` (T_b, H).
+
+        Always the first MTP layer: checkpoints of this family ship one (``num_nextn_predict_layers``
+        = 1) and chain it k times, as vLLM does.
+        """
+        ids, positions = self._inputs(token_lists, starts)
+        t = ids.shape[1]
+        h = torch.zeros(len(seqs), t, hidden[0].shape[-1], dtype=hidden[0].dtype)  # (B, T, H)
+        for row, x in enumerate(hidden):
+            h[row, : x.shape[0]] = x
+        layer = self.model.geometry.num_layers  # the MTP layer's cache index
+        batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
+        past = self.cache.gather(layer, batch)[0]
+        out = self.model.mtp(ids, h, positions, past, step=0)
+        self._store(seqs, [layer], out.entries, [len(x) for x in token_lists], starts)
+        return out

@@ -1,0 +1,118 @@
+"""``SamplingParams``: what one request asks of the sampler, with vLLM's field names and checks.
+
+The fields mean what they mean in vLLM's ``SamplingParams``; a value vLLM rejects is rejected here
+with a message that says what was wrong. Differences, on purpose: ``n`` is not supported (one
+completion per prompt), and ``logprobs=True`` is accepted as ``logprobs=0`` (only the chosen
+token's logprob).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# vLLM treats a temperature below this as greedy (its _SAMPLING_EPS).
+SAMPLING_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one request.
+
+    >>> SamplingParams(temperature=0).greedy
+    True
+    >>> SamplingParams(stop="\\n\\n").stop
+    ('\\n\\n',)
+    """
+
+    temperature: float = 1.0  # 0 (below 1e-5) = greedy
+    top_k: int = 0  # 0 or -1 = off
+    top_p: float = 1.0  # in (0, 1]; 1 = off
+    min_p: float = 0.0  # in [0, 1]; 0 = off
+    seed: int | None = None  # per-request generator: same seed, same tokens, whatever the batch
+    max_tokens: int | None = 16  # None = up to max_model_len
+    stop: tuple[str, ...] = field(default=())  # str or list accepted; excluded from the output
+    stop_token_ids: tuple[int, ...] = field(default=())
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None = no logprobs; N = the chosen token's plus the top N
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # Normalise the convenient spellings first (frozen: write through object.__setattr__).
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif self.stop is None:
+            object.__setattr__(self, "stop", ())
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if isinstance(self.logprobs, bool):
+            object.__setattr__(self, "logprobs", 0 if self.logprobs else None)
+        self._validate()
+        if self.greedy:
+            # As vLLM does: greedy ignores the truncation knobs, so normalise them to "off".
+            object.__setattr__(self, "top_k", 0)
+            object.__setattr__(self, "top_p", 1.0)
+            object.__setattr__(self, "min_p", 0.0)
+        elif self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+
+    def _validate(self) -> None:
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature!r}.")
+        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k not in (0, -1)):
+            raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k!r}.")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}.")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}.")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}.")
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(
+                f"stop_token_ids must be non-negative integers, got {list(self.stop_token_ids)!r}."
+            )
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be non-negative, got {self.logprobs!r}.")
+
+    @property
+    def greedy(self) -> bool:
+        """True when the request takes the argmax (temperature below vLLM's epsilon)."""
+        return self.temperature < SAMPLING_EPS
+
+    @property
+    def max_stop_len(self) -> int:
+        """Length of the longest stop string (0 when there is none)."""
+        return max((len(s) for s in self.stop), default=0)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> SamplingParams:
+        """Build from a JSON-like dict, naming any unknown key (vLLM's request fields)."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def as_params_list(params: SamplingParams | Sequence[SamplingParams], n: int) -> list[SamplingParams]:
+    """One ``SamplingParams`` per prompt: a single one is shared, a list must match the prompts."""
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts; pass one, or one per prompt")
+    return params
