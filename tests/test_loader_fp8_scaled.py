@@ -121,3 +121,19 @@ def test_config_granularity_disagrees_with_the_file(tmp_path):
         ValueError, match=r"stored as fp8_per_tensor, but the safetensors file holds fp8_per_channel"
     ):
         load_model(path, settings=OFF)
+
+
+def test_config_claims_a_format_the_file_does_not_hold(tmp_path):
+    """Quark config: MXFP8 weights; the file holds kv_b_proj dense. Rule checkpoint would promise the
+    stored MXFP8 data unchanged: refuse, rather than quantize the dense weight and call it the checkpoint's."""
+    _, path = hf_checkpoint("deepseek_v3", tmp_path)
+    mx = {"dtype": "fp8_e4m3", "qscheme": "per_group", "group_size": 32, "scale_format": "e8m0"}
+    qc = {
+        "quant_method": "quark",
+        "global_quant_config": {"weight": mx},
+        "exclude": [],
+        "layer_quant_config": {},
+    }
+    edit_config(path, quantization_config=qc)
+    with pytest.raises(ValueError, match=r"stored as mxfp8, but the safetensors file holds dense"):
+        load_model(path, settings=OFF)

@@ -232,9 +232,8 @@ class Fp8PerBlock(_Fp8Scheme):
         changes = (full[:, 1:, :] != full[:, :-1, :]).any(dim=2).any(dim=0)  # (K-1,): scale changes at k+1
         cuts = {int(i) + 1 for i in torch.nonzero(changes).flatten()} | set(range(0, k, FP8_GROUP))
         bounds = (*sorted(cuts | {0}), k)
-        m_block = (
-            codes.shape[2] if bool((full == full[:, :, :1]).all()) else 1
-        )  # per-row scales: one per K row
+        # a scale constant along M (W_UK of a per-channel checkpoint) is stored once per K row
+        m_block = codes.shape[2] if bool((full == full[:, :, :1]).all()) else 1
         return _make_weight(self.name, codes, full[:, list(bounds[:-1]), :], bounds, self.dtype, m_block)
 
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
