@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from mlaq.model import ModelCache, load_model
+from mlaq.model import load_model
 from mlaq.settings import Settings
-from model_helpers import add_mtp_layer, edit_config, hf_checkpoint, read_tensors
+from model_helpers import add_mtp_layer, decode_vs_prefill, edit_config, hf_checkpoint, read_tensors
 from quant_helpers import quantize_checkpoint
 
 OFF = Settings(fp8bmm=False, fp4bmm=False)
@@ -68,12 +68,7 @@ def test_kv_b_proj_keeps_the_checkpoint_codes_and_scales(model_type, strategy, s
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or "re-derived" in r.getMessage()]
     assert any("re-quantized in none of" in r.getMessage() for r in caplog.records)
     # decode runs the FP8 BMMs: near the naive (checkpoint-precision) prefill, not equal to it
-    ids = torch.randint(0, hf.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(5))
-    full = model.prefill(ids).logits[:, -1]
-    cache = ModelCache()
-    model.prefill(ids[:, :-1], cache)
-    last = model.decode(ids[:, -1:], cache).logits[:, 0]
-    rel = float((last - full).abs().max() / full.abs().max())
+    rel = decode_vs_prefill(model)
     assert 0 < rel < 0.2, rel
 
 
