@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from mlaq.policy import ExplicitConfig, decide_from_dir
 from mlaq.settings import Settings
 
 LOGGER = logging.getLogger("mlaq.model")
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_DTYPES = MappingProxyType({"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32})
 _FP32_PARAMS = ("e_score_correction_bias",)  # kept fp32 whatever the compute dtype (as transformers)
 
 

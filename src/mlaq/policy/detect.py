@@ -8,6 +8,7 @@ compressed-tensors exports), the same inside ``text_config`` (multimodal checkpo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from mlaq.policy.checkpoint import CheckpointQuant, NoQuant, UnknownQuant, mapping
@@ -17,11 +18,13 @@ from mlaq.policy.model_config import CheckpointFiles
 from mlaq.policy.modelopt import ModelOptQuant
 from mlaq.policy.quark import QuarkQuant
 
-_ALIASES = {
-    "compressed_tensors": "compressed-tensors",
-    "modelopt_fp4": "modelopt",
-    "modelopt_fp8": "modelopt",
-}
+_ALIASES = MappingProxyType(
+    {
+        "compressed_tensors": "compressed-tensors",
+        "modelopt_fp4": "modelopt",
+        "modelopt_fp8": "modelopt",
+    }
+)
 
 
 def find_quant_config(config: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:

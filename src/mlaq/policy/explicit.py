@@ -21,21 +21,24 @@ import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from mlaq.policy.model_config import MlaModel, layer_ranges
 from mlaq.policy.patterns import Pattern, covering, parse_patterns
 
 # activation spellings -> canonical activation precision
-_ACTIVATIONS = {
-    None: "bf16",
-    "none": "bf16",
-    "bf16": "bf16",
-    "fp8": "fp8",
-    "mxfp4": "mxfp4",
-    "mxfp8": "mxfp8",
-    "fp32": "fp32",
-}
+_ACTIVATIONS = MappingProxyType(
+    {
+        None: "bf16",
+        "none": "bf16",
+        "bf16": "bf16",
+        "fp8": "fp8",
+        "mxfp4": "mxfp4",
+        "mxfp8": "mxfp8",
+        "fp32": "fp32",
+    }
+)
 
 
 def _combinations(schemes: Collection[str]) -> dict[tuple[str, str], str]:

@@ -12,10 +12,13 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 # config.json dtype spellings -> the short names mlaq reports (vLLM's words).
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+_DTYPES = MappingProxyType(
+    {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+)
 _KV_B_KEY = re.compile(r"^(?P<prefix>.+)\.(?P<i>\d+)\.self_attn\.kv_b_proj\.")
 
 
