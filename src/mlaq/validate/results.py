@@ -83,8 +83,12 @@ def _common(run: VariantRun, operands: dict[int, dict[str, float]]) -> dict[str,
                 "layer": o.layer,
                 "w_uk": o.weight_uk,
                 "w_uv": o.weight_uv,
+                "x_uk": o.act_uk,
+                "x_uv": o.act_uv,
                 "bmm_uk": o.bmm_uk,
                 "bmm_uv": o.bmm_uv,
+                "theory_uk": None if theory is None else theory.aligned(operands[o.layer]["gain_uk"]),
+                "theory_uv": None if theory is None else theory.aligned(operands[o.layer]["gain_uv"]),
             }
             for o in run.ops
         ]
