@@ -53,10 +53,17 @@ class ModelRunner:
                 for s, st, n in zip(seqs, starts, lengths, strict=True)
             ]
         )  # (sum T_b,)
-        t = entries[0].shape[1]
-        real = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
-        for layer, entry in zip(layers, entries, strict=True):
-            self.cache.write(layer, slots, entry[real])  # (B, T, E)[real] -> (sum T_b, E), row-major
+        b, t = entries[0].shape[:2]
+        if all(n == t for n in lengths):  # no padding: (B, T, E) -> (B*T, E), row-major
+            real = [entry.reshape(b * t, -1) for entry in entries]
+        else:
+            mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+            real = [entry[mask] for entry in entries]  # (B, T, E)[mask] -> (sum T_b, E), row-major
+        if list(layers) == list(range(len(entries))):
+            self.cache.write_layers(slots, real)
+            return
+        for layer, entry in zip(layers, real, strict=True):
+            self.cache.write(layer, slots, entry)
 
     def forward(
         self, seqs: Sequence[Seq], token_lists: Sequence[Sequence[int]], *, prefill: bool
@@ -66,7 +73,7 @@ class ModelRunner:
         ids, positions = self._inputs(token_lists, starts)
         batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
         layers = range(self.model.geometry.num_layers)
-        past = [self.cache.gather(layer, batch)[0] for layer in layers]  # (B, S_max, L+R) each
+        past = self.cache.gather_layers(len(layers), batch)  # (B, S_max, L+R) per layer
         out = self.model.forward(ids, positions, past, prefill=prefill)
         self._store(seqs, layers, out.entries, [len(t) for t in token_lists], starts)
         return out

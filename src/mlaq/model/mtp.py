@@ -16,12 +16,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mlaq.model.cache import LayerCache
+from mlaq.model.cache import LatentCache
 from mlaq.model.config import ModelConfig
 from mlaq.model.decoder import DecoderLayer
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.norm import RMSNorm
+from mlaq.model.step import StepPositions
 
 
 class SharedHead(nn.Module):
@@ -63,19 +64,19 @@ class MTPLayer(DecoderLayer):
         self,
         input_ids: Tensor,
         hidden: Tensor,
-        positions: Tensor,
-        cache: LayerCache | None,
+        step: StepPositions,
+        cache: LatentCache,
         path: AttnPath,
         main_embed: nn.Embedding,
         main_head: nn.Linear,
-    ) -> tuple[Tensor, Tensor, LayerCache]:
+    ) -> tuple[Tensor, Tensor]:
         """input_ids (B, T) = the tokens after those whose hidden states (B, T, H) are given, at the
-        hidden states' positions (B, T) -> (logits (B, T, vocab) fp32, output hidden (B, T, H), cache)."""
+        hidden states' positions ``step`` -> (logits (B, T, vocab) fp32, output hidden (B, T, H))."""
         embed = self.embed_tokens if self.embed_tokens is not None else main_embed
         head = self.shared_head.head if self.shared_head.head is not None else main_head
         e = self.enorm(embed(input_ids))  # (B, T, H)
         h = self.hnorm(hidden.to(e.dtype))  # (B, T, H)
         x = self.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
-        y, new_cache, _ = self(x, positions, cache, path)
+        y, _ = self(x, step, cache, path)
         logits = head(self.shared_head.norm(y)).float()
-        return logits, y, new_cache
+        return logits, y

@@ -161,3 +161,25 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: RopeLayout) -> Tenso
     else:
         out = torch.cat((o1, o2), dim=-1)  # (..., R)
     return out.to(x.dtype)
+
+
+class RopeTable:
+    """cos/sin of a :class:`Rope` for positions 0..n-1, computed once per device and extended (doubling)
+    when a larger position is asked for. Values equal ``Rope.cos_sin`` of the same positions: the table
+    is built by the same float32 formula, element by element."""
+
+    def __init__(self, rope: Rope) -> None:
+        self.rope = rope
+        self._tables: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+    def cos_sin(self, positions: Tensor, max_position: int | None = None) -> tuple[Tensor, Tensor]:
+        """cos, sin for integer ``positions`` (...,) -> two float32 tensors (..., dim/2).
+
+        ``max_position`` (the largest value in ``positions``, if the caller knows it) spares a sync."""
+        top = int(positions.max()) if max_position is None else max_position
+        table = self._tables.get(positions.device)
+        if table is None or table[0].shape[0] <= top:
+            size = max(top + 1, 2 * (0 if table is None else table[0].shape[0]), 64)
+            table = self.rope.cos_sin(torch.arange(size, device=positions.device))  # (size, dim/2) each
+            self._tables[positions.device] = table
+        return table[0][positions], table[1][positions]
