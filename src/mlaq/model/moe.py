@@ -19,6 +19,10 @@ from torch import Tensor, nn
 from mlaq.model.config import MoEConfig
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
+# Up to this many tokens, routed experts run token by token (k small matmuls each, no gather/scatter
+# bookkeeping): cheaper for decode and MTP verification; larger batches group tokens by expert.
+SMALL_BATCH = 4
+
 
 class DenseMLP(nn.Module):
     """down_proj(silu(gate_proj(x)) * up_proj(x)); Hugging Face parameter names."""
@@ -118,12 +122,28 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (T, hidden)
         weights, indices = self.gate(flat)
-        out = torch.zeros_like(flat)
-        # Visit only the experts some token chose; each token's k contributions are summed.
-        for expert in indices.unique().tolist():
-            token, slot = torch.where(indices == expert)
-            y = self.experts[expert](flat[token])  # (n, hidden)
-            out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+        if flat.shape[0] <= SMALL_BATCH:
+            rows = [self._one_token(flat, weights, chosen, t) for t, chosen in enumerate(indices.tolist())]
+            out = rows[0] if len(rows) == 1 else torch.cat(rows)
+        else:
+            out = torch.zeros_like(flat)
+            # Visit only the experts some token chose; each token's k contributions are summed.
+            for expert in indices.unique().tolist():
+                token, slot = torch.where(indices == expert)
+                y = self.experts[expert](flat[token])  # (n, hidden)
+                out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(shape)
+
+    def _one_token(self, flat: Tensor, weights: Tensor, experts: list[int], t: int) -> Tensor:
+        """Token t alone (decode, verification): its k chosen experts run directly and are summed in
+        ascending expert order (the order, and so the rounding, of the batched path) -> (1, hidden)."""
+        x, w = flat[t : t + 1], weights[t : t + 1]  # (1, hidden), (1, k)
+        chosen = sorted(zip(experts, range(len(experts)), strict=True))
+        out = None
+        for expert, slot in chosen:
+            y = (self.experts[expert](x) * w[:, slot, None]).to(flat.dtype)  # (1, hidden)
+            out = y if out is None else out + y
+        assert out is not None
+        return out

@@ -22,8 +22,8 @@ class StepPositions:
     positions: Tensor  # (B, T) int64
     starts: tuple[int, ...]  # (B,) positions[:, 0], as Python ints (no sync per layer)
     num_keys: int  # K = max position + 1
-    cos: Tensor  # (B, T, R/2) float32
-    sin: Tensor  # (B, T, R/2) float32
+    cos: Tensor  # (B, T, R) float32, per channel (mlaq.model.rope.rotate)
+    sin: Tensor  # (B, T, R) float32, per channel and signed
     mask: Tensor | None  # (B, T, K) bool causal mask; None when every query sees all K keys
 
     @property
@@ -76,7 +76,7 @@ def from_positions(positions: Tensor, table: RopeTable) -> StepPositions:
 def _build(positions: Tensor, starts: tuple[int, ...], table: RopeTable) -> StepPositions:
     t = positions.shape[1]
     num_keys = max(starts) + t
-    cos, sin = table.cos_sin(positions, num_keys - 1)
+    cos, sin = table.rotation(positions, num_keys - 1)
     mask = None
     if t > 1 or len(set(starts)) > 1:
         key_pos = torch.arange(num_keys, device=positions.device)
