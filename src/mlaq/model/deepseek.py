@@ -97,6 +97,9 @@ class DeepseekForCausalLM(nn.Module):
         self.bmm_decisions: tuple[Any, ...] = ()  # policy LayerDecisions, one per MLA layer (load_model)
         self.policy: Any = None  # the PolicyResult they came from
         self.rope_table = RopeTable(self.mla_config.rope)  # cos/sin once per device, shared by all layers
+        self._main_layers = tuple(
+            self.model.layers[: cfg.num_hidden_layers]
+        )  # no ModuleList slicing per call
 
     @property
     def dtype(self) -> torch.dtype:
@@ -138,7 +141,7 @@ class DeepseekForCausalLM(nn.Module):
         step = self.step_positions(input_ids, cache, 0, positions)
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
         key_mask = None  # the last full DSA layer's selection, reused by `shared` layers
-        for layer in self.model.layers[: self.config.num_hidden_layers]:
+        for layer in self._main_layers:
             x, mask = layer(x, step, cache, path, key_mask)
             key_mask = mask if mask is not None else key_mask
         hidden = self.model.norm(x)

@@ -42,7 +42,10 @@ class DenseMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # F.linear on the weights: the same matmuls without three nn.Module calls (decode is
+        # dominated by per-call overhead at these sizes)
+        gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -112,6 +115,7 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(
             DenseMLP(hidden_size, cfg.moe_intermediate_size, **kw) for _ in range(cfg.n_routed_experts)
         )
+        self._expert_list = tuple(self.experts)  # plain indexing (ModuleList's is slow per token)
         self.shared_experts = (
             DenseMLP(hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, **kw)
             if cfg.n_shared_experts > 0
@@ -130,7 +134,7 @@ class MoE(nn.Module):
             # Visit only the experts some token chose; each token's k contributions are summed.
             for expert in indices.unique().tolist():
                 token, slot = torch.where(indices == expert)
-                y = self.experts[expert](flat[token])  # (n, hidden)
+                y = self._expert_list[expert](flat[token])  # (n, hidden)
                 out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
@@ -143,7 +147,7 @@ class MoE(nn.Module):
         chosen = sorted(zip(experts, range(len(experts)), strict=True))
         out = None
         for expert, slot in chosen:
-            y = (self.experts[expert](x) * w[:, slot, None]).to(flat.dtype)  # (1, hidden)
+            y = (self._expert_list[expert](x) * w[:, slot, None]).to(flat.dtype)  # (1, hidden)
             out = y if out is None else out + y
         assert out is not None
         return out
