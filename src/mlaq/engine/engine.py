@@ -181,9 +181,9 @@ class LLMEngine:
 
     def _sample_and_emit(self, reqs: list[Request], logits: Tensor) -> None:
         params = [r.seq.params for r in reqs]
-        chosen = sample(logits, params, [r.seq.generator for r in reqs]).token_ids
+        chosen = sample(logits, params, [r.seq.generator for r in reqs]).token_ids.tolist()
         for row, r in enumerate(reqs):
-            self._emit(r, [int(chosen[row])], logits[row : row + 1])
+            self._emit(r, [chosen[row]], logits[row : row + 1])
 
     def _speculate(self, reqs: list[Request]) -> None:
         drafts = self._propose(reqs)
@@ -194,7 +194,8 @@ class LLMEngine:
         for row, (r, d) in enumerate(zip(reqs, drafts, strict=True)):
             s, k = r.seq, len(d)
             rows = out.logits[row, : k + 1]  # (k+1, V): the target at the last token and each draft
-            target = processed_logits(rows, [s.params] * (k + 1))
+            # greedy rows: processed_logits would only divide by temperature 1 (exact), so skip it
+            target = rows if s.params.greedy else processed_logits(rows, [s.params] * (k + 1))
             emitted = rejection_sample(
                 torch.tensor(d, dtype=torch.int64),
                 target,
@@ -229,8 +230,8 @@ class LLMEngine:
         for i in active:
             reqs[i].pending_hidden = None  # the MTP cache has seen them now
         for j in range(self.k):
-            for a, i in enumerate(active):
-                drafts[i].append(int(logits[a].argmax()))  # MTP drafts greedily, as vLLM's proposer
+            for a, token in enumerate(logits.argmax(dim=-1).tolist()):
+                drafts[active[a]].append(token)  # MTP drafts greedily, as vLLM's proposer
             # Chain: the MTP layer at position N-1+j reads its own hidden state and draft j+1.
             chain = [a for a, i in enumerate(active) if ks[i] > j + 1]
             if not chain:

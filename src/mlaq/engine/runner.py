@@ -32,10 +32,9 @@ class ModelRunner:
 
     def _inputs(self, token_lists: Sequence[Sequence[int]], starts: Sequence[int]) -> tuple[Tensor, Tensor]:
         t = max(len(tokens) for tokens in token_lists)
-        ids = torch.zeros(len(token_lists), t, dtype=torch.int64)  # (B, T), right-padded
-        for row, tokens in enumerate(token_lists):
-            ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-            ids[row, len(tokens) :] = tokens[-1]  # a real token id: padding outputs are discarded
+        # right-padded with each row's last token (a real id: padding outputs are discarded)
+        rows = [list(tokens) + [tokens[-1]] * (t - len(tokens)) for tokens in token_lists]
+        ids = torch.tensor(rows, dtype=torch.int64)  # (B, T)
         positions = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(t)[None, :]  # (B, T)
         return ids, positions
 
@@ -47,12 +46,8 @@ class ModelRunner:
         lengths: Sequence[int],
         starts: Sequence[int],
     ) -> None:
-        slots = torch.cat(
-            [
-                self.blocks.slot_mapping(s.seq_id, st, st + n)
-                for s, st, n in zip(seqs, starts, lengths, strict=True)
-            ]
-        )  # (sum T_b,)
+        spans = [(s.seq_id, st, st + n) for s, st, n in zip(seqs, starts, lengths, strict=True)]
+        slots = self.blocks.slots_of(spans)  # (sum T_b,)
         b, t = entries[0].shape[:2]
         if all(n == t for n in lengths):  # no padding: (B, T, E) -> (B*T, E), row-major
             real = [entry.reshape(b * t, -1) for entry in entries]
@@ -92,9 +87,12 @@ class ModelRunner:
         """
         ids, positions = self._inputs(token_lists, starts)
         t = ids.shape[1]
-        h = torch.zeros(len(seqs), t, hidden[0].shape[-1], dtype=hidden[0].dtype)  # (B, T, H)
-        for row, x in enumerate(hidden):
-            h[row, : x.shape[0]] = x
+        if all(x.shape[0] == t for x in hidden):
+            h = torch.stack(tuple(hidden))  # (B, T, H)
+        else:
+            h = torch.zeros(len(seqs), t, hidden[0].shape[-1], dtype=hidden[0].dtype)  # (B, T, H)
+            for row, x in enumerate(hidden):
+                h[row, : x.shape[0]] = x
         layer = self.model.geometry.num_layers  # the MTP layer's cache index
         batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
         past = self.cache.gather(layer, batch)[0]
