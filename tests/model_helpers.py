@@ -205,3 +205,16 @@ def fused_experts(state: dict[str, torch.Tensor], n_experts: int) -> dict[str, t
         )
         out["mlp.experts.down_proj"] = torch.stack([state[p + "down_proj.weight"] for p in ex])
     return out
+
+
+def decode_vs_prefill(model: Any, seed: int = 5) -> float:
+    """Max |difference| of the last token's logits between absorbed decode (after a cached prefill of
+    the others) and one naive prefill of all six tokens, relative to the logits' max magnitude."""
+    from mlaq.model import ModelCache
+
+    ids = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(seed))
+    full = model.prefill(ids).logits[:, -1]
+    cache = ModelCache()
+    model.prefill(ids[:, :-1], cache)
+    last = model.decode(ids[:, -1:], cache).logits[:, 0]
+    return float((last - full).abs().max() / full.abs().max())

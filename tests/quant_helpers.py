@@ -59,11 +59,18 @@ def _is_quantizable(name: str) -> bool:
 
 
 def quantize_checkpoint(
-    path: Path, method: str, *, skip: tuple[str, ...] = (), strategy: str = "block"
+    path: Path,
+    method: str,
+    *,
+    skip: tuple[str, ...] = (),
+    strategy: str = "block",
+    scale_dtype: torch.dtype = torch.float32,
 ) -> dict[str, torch.Tensor]:
     """Rewrite the 2-D linear weights of ``path`` in ``method``'s format ("fp8", "quark_mxfp4",
     "compressed-tensors" with ``strategy`` tensor/channel/block); modules whose name contains a string
-    of ``skip`` stay unquantized (and are listed as excluded). Returns {module.weight: exact dequant}."""
+    of ``skip`` stay unquantized (and are listed as excluded). compressed-tensors tensor/channel scales
+    are stored as ``scale_dtype`` (llm-compressor writes them in the model's dtype, e.g. bf16): per-tensor
+    shape [1], per-channel [out, 1]. Returns {module.weight: exact dequant}."""
     tensors = read_tensors(path)
     out: dict[str, torch.Tensor] = {}
     expected: dict[str, torch.Tensor] = {}
@@ -78,8 +85,8 @@ def quantize_checkpoint(
             out[name], out[f"{module}.{key}"] = codes, scale
         elif method == "compressed-tensors":
             amax = t.abs().amax() if strategy == "tensor" else t.abs().amax(dim=1, keepdim=True)
-            scale = (amax / 448.0).float()
-            codes = (t / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+            scale = (amax / 448.0).to(scale_dtype)
+            codes = (t / scale.float()).clamp(-448, 448).to(torch.float8_e4m3fn)
             value = (codes.double() * scale.double()).float()
             out[name], out[f"{module}.weight_scale"] = (
                 codes,

@@ -137,7 +137,7 @@ def test_config_and_weights_disagree(ckpt):
     quantize_checkpoint(ckpt, "compressed-tensors", strategy="channel")
     edit_config(ckpt, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
     with pytest.raises(
-        ValueError, match=r"stored as fp8_scaled, which quantization_config quant_method 'fp8'"
+        ValueError, match=r"stored as fp8_per_channel, which quantization_config quant_method 'fp8'"
     ):
         _load(ckpt)
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from mlaq.bmm.kv_b import split_kv_b_proj
-from mlaq.model import ModelCache, load_model
+from mlaq.model import load_model
 from mlaq.settings import Settings
-from model_helpers import add_mtp_layer, hf_checkpoint
+from model_helpers import add_mtp_layer, decode_vs_prefill, hf_checkpoint
 from quant_helpers import quantize_checkpoint
 
 OFF = Settings(fp8bmm=False, fp4bmm=False)
@@ -86,12 +86,7 @@ def test_fp8_block_checkpoint(model_type, tmp_path):
         assert torch.equal(absorbed.w_uv.dequantize(), w_uv)
     _prefill_matches_transformers(hf, model, expected)
     # decode runs fp8_per_block (1x128 FP8 activations): near, but not equal to, the naive path
-    ids = torch.randint(0, hf.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(5))
-    full = model.prefill(ids).logits[:, -1]
-    cache = ModelCache()
-    model.prefill(ids[:, :-1], cache)
-    last = model.decode(ids[:, -1:], cache).logits[:, 0]
-    rel = float((last - full).abs().max() / full.abs().max())
+    rel = decode_vs_prefill(model)
     assert 0 < rel < 0.2, rel  # a sanity bound: FP8 activations cost a few % per BMM
 
 

@@ -5,6 +5,8 @@ Two kernel families are emulated, each with its own order of fp32 operations:
 * AITER ``batched_gemm_a8w8_a_per_token_group_prequant_w_per_batched_tensor_quant`` (fp8_per_tensor,
   and fp8_per_head / fp8_per_channel: the same kernel with a finer weight scale in its epilogue):
   ``acc += dot(xq_g, wq_g) * a_scale_g`` over the 128-groups of K, then ``acc *= w_scale``, bf16 out.
+  The epilogue scale cannot vary along K, so a checkpoint scale that does (W_UK of a per-channel
+  kv_b_proj) only fits fp8_per_block's per-segment scaling.
 * DeepSeek-V3 / DeepGEMM / TensorRT-LLM block scaling (fp8_per_block): 128x128 weight blocks and
   1x128 activation groups, ``acc += dot(xq_s, wq_s) * (a_scale_g * w_scale_s)`` per K-segment.
 
@@ -91,16 +93,56 @@ class _Fp8Scheme(BmmScheme):
             raise ValueError(f"{self.name} needs a weight prepared by {self.name}, got {prepared.scheme}")
         return prepared
 
+    def _check_stored(self, codes: Tensor, scale: Tensor) -> None:
+        """Checkpoint codes (N, K, M) in this scheme's fp8 dtype and a finite, non-negative float scale."""
+        if codes.dim() != 3 or codes.dtype != self.dtype.torch_dtype:
+            hint = (
+                " (convert e4m3fn checkpoints with mlaq.formats.e4m3fn_to_e4m3fnuz)"
+                if "fnuz" in self.name
+                else ""
+            )
+            raise ValueError(
+                f"{self.name}: codes must be {self.dtype.torch_dtype} of shape (N, K, M), got "
+                f"{codes.dtype} {tuple(codes.shape)}{hint}"
+            )
+        if torch.isnan(codes.float()).any():
+            raise ValueError(f"{self.name}: codes hold NaN; the checkpoint weight is corrupt")
+        # fp32 (or bf16/fp16, exact in fp32) only: a float64 scale may not be representable in fp32
+        if not scale.is_floating_point() or scale.dtype == torch.float64:
+            raise ValueError(f"{self.name}: scale must be fp32 (or bf16/fp16), got {scale.dtype}")
+        if not torch.isfinite(scale).all() or (scale < 0).any():
+            raise ValueError(f"{self.name}: scale holds non-finite or negative values")
+
 
 class _AiterFp8Scheme(_Fp8Scheme):
     """The AITER FP8 BMM kernel; the weight's amax is taken over ``reduce_dims`` of (N, K, M)."""
 
     reduce_dims: ClassVar[tuple[int, ...]]
+    granularity: ClassVar[str]  # the weight scale's granularity, for error messages
 
     def prepare(self, weight: Tensor) -> PreparedWeight:
         _check_weight(weight, self.name)
         codes, scale = vllm_batched_tensor_quant(weight, self.dtype, self.reduce_dims)
         return _make_weight(self.name, codes, scale, (0, weight.shape[1]), self.dtype)
+
+    def prepare_quantized(self, codes: Tensor, scale: Tensor) -> PreparedWeight:
+        """Wrap existing fp8 ``codes`` (N, K, M) and their fp32 dequant ``scale`` at this scheme's
+        granularity without re-quantizing: ``dequantize(float64)`` is exactly ``codes * scale``.
+
+        ``scale``: fp8_per_tensor one value (shape (), (1,) or (1, 1, 1)); fp8_per_head (N, 1, 1);
+        fp8_per_channel (N, 1, M). It must not vary along K: the kernel applies it after the K loop.
+        ``mlaq.bmm.split_kv_b_proj_fp8_scaled`` gets them from a per-tensor / per-channel checkpoint.
+        """
+        self._check_stored(codes, scale)
+        k = codes.shape[1]
+        want = tuple(1 if d in self.reduce_dims else codes.shape[d] for d in range(3))
+        if tuple(scale.shape) != want and not (want == (1, 1, 1) and scale.numel() == 1 and scale.dim() <= 3):
+            raise ValueError(
+                f"{self.name}: scale of shape {tuple(scale.shape)} does not fit codes {tuple(codes.shape)}; "
+                f"this scheme has {self.granularity}, shape {want}"
+                + ("" if want == (1, 1, 1) else " (a coarser scale must be expanded to it first)")
+            )
+        return _make_weight(self.name, codes, scale.reshape(want), (0, k), self.dtype)
 
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
         check_operands(x, prepared)
@@ -122,6 +164,7 @@ class _AiterFp8Scheme(_Fp8Scheme):
 class Fp8PerTensor(_AiterFp8Scheme):
     base_name = "fp8_per_tensor"
     reduce_dims = (0, 1, 2)
+    granularity = "one scale for the whole tensor"
     arithmetic = (
         "AITER FP8 BMM: {dtype} weight with ONE scale for the whole (N, K, M) tensor (vLLM "
         "dynamic_per_batched_tensor_quant: bf16 scale {max}/amax), activations quantized per token per "
@@ -133,6 +176,7 @@ class Fp8PerTensor(_AiterFp8Scheme):
 class Fp8PerHead(_AiterFp8Scheme):
     base_name = "fp8_per_head"
     reduce_dims = (1, 2)
+    granularity = "one scale per head"
     arithmetic = Fp8PerTensor.arithmetic.replace(
         "ONE scale for the whole (N, K, M) tensor", "one scale per head"
     )
@@ -141,6 +185,7 @@ class Fp8PerHead(_AiterFp8Scheme):
 class Fp8PerChannel(_AiterFp8Scheme):
     base_name = "fp8_per_channel"
     reduce_dims = (1,)
+    granularity = "one scale per head per output column M"
     arithmetic = Fp8PerTensor.arithmetic.replace(
         "ONE scale for the whole (N, K, M) tensor", "one scale per head per output column"
     )
@@ -151,7 +196,9 @@ class Fp8PerBlock(_Fp8Scheme):
 
     ``prepare_quantized(codes, scale)`` keeps a checkpoint's own codes and per-element scales
     losslessly, even where its 128-row blocks straddle heads (GLM-5: P + V = 448 is not a multiple
-    of 128): K is cut into segments over which every head's scale is constant.
+    of 128): K is cut into segments over which every head's scale is constant. The same holds for
+    scales that change at every K row (W_UK of a per-channel checkpoint, whose output rows are K):
+    the only kernel arithmetic that can apply a weight scale varying along K is this per-segment one.
     """
 
     base_name = "fp8_per_block"
@@ -174,33 +221,20 @@ class Fp8PerBlock(_Fp8Scheme):
         """Wrap existing fp8 ``codes`` (N, K, M) and fp32 dequant ``scale`` (per element, or
         broadcastable to (N, K, M)) without re-quantizing: ``dequantize(float64)`` is exactly
         ``codes * scale``. Use ``mlaq.bmm.kv_b.split_kv_b_proj_fp8`` to get them from a checkpoint."""
-        if codes.dim() != 3 or codes.dtype != self.dtype.torch_dtype:
-            hint = (
-                " (convert e4m3fn checkpoints with mlaq.formats.e4m3fn_to_e4m3fnuz)"
-                if "fnuz" in self.name
-                else ""
-            )
-            raise ValueError(
-                f"{self.name}: codes must be {self.dtype.torch_dtype} of shape (N, K, M), got "
-                f"{codes.dtype} {tuple(codes.shape)}{hint}"
-            )
-        if torch.isnan(codes.float()).any():
-            raise ValueError(f"{self.name}: codes hold NaN; the checkpoint weight is corrupt")
-        if not scale.is_floating_point() or scale.dtype == torch.float64:
-            raise ValueError(f"{self.name}: scale must be fp32 (or bf16/fp16), got {scale.dtype}")
+        self._check_stored(codes, scale)
         try:
             full = scale.float().expand(codes.shape)  # (N, K, M)
         except RuntimeError as exc:
             raise ValueError(
                 f"{self.name}: scale {tuple(scale.shape)} does not broadcast to {tuple(codes.shape)}"
             ) from exc
-        if not torch.isfinite(full).all() or (full < 0).any():
-            raise ValueError(f"{self.name}: scale holds non-finite or negative values")
         k = codes.shape[1]
         changes = (full[:, 1:, :] != full[:, :-1, :]).any(dim=2).any(dim=0)  # (K-1,): scale changes at k+1
         cuts = {int(i) + 1 for i in torch.nonzero(changes).flatten()} | set(range(0, k, FP8_GROUP))
         bounds = (*sorted(cuts | {0}), k)
-        return _make_weight(self.name, codes, full[:, list(bounds[:-1]), :], bounds, self.dtype)
+        # a scale constant along M (W_UK of a per-channel checkpoint) is stored once per K row
+        m_block = codes.shape[2] if bool((full == full[:, :, :1]).all()) else 1
+        return _make_weight(self.name, codes, full[:, list(bounds[:-1]), :], bounds, self.dtype, m_block)
 
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
         check_operands(x, prepared)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from mlaq.formats import Fp8Tensor, MxTensor
+from mlaq.formats.blocks import resolve_block
 
 
 def split_kv_b_proj(
@@ -38,6 +39,34 @@ def split_kv_b_proj_fp8(
     scale = weight.expanded_scale().contiguous()  # [N*(P+V), L] fp32
     uk_c, uv_c = split_kv_b_proj(weight.codes, num_heads, qk_nope_head_dim, v_head_dim)
     uk_s, uv_s = split_kv_b_proj(scale, num_heads, qk_nope_head_dim, v_head_dim)
+    return (uk_c.contiguous(), uk_s.contiguous()), (uv_c.contiguous(), uv_s.contiguous())
+
+
+def split_kv_b_proj_fp8_scaled(
+    weight: Fp8Tensor, num_heads: int, qk_nope_head_dim: int, v_head_dim: int
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """A per-tensor or per-channel FP8 kv_b_proj (compressed-tensors / Quark ``weight`` + ``weight_scale``,
+    as an Fp8Tensor with block (None, None) or (1, None)) -> ((codes, scale) of W_UK, (codes, scale) of
+    W_UV^T), each scale at its real granularity along the BMM's (N, K, M):
+
+    - per-tensor: (1, 1, 1) for both halves (``fp8_per_tensor.prepare_quantized``);
+    - per-channel (one scale per OUTPUT ROW of kv_b_proj): W_UV^T's rows are its M columns, so (N, 1, V)
+      (``fp8_per_channel.prepare_quantized``); W_UK's rows are its K = P axis, so (N, P, 1) — a scale
+      varying along the reduction axis, which only ``fp8_per_block.prepare_quantized`` runs exactly.
+    """
+    rows, lora = weight.shape
+    lengths = resolve_block(weight.shape, weight.block)
+    if lengths not in ((rows, lora), (1, lora)):
+        raise ValueError(
+            f"expected a per-tensor or per-output-row FP8 kv_b_proj [{rows}, {lora}], got block {weight.block}; "
+            "block-FP8 weights go through split_kv_b_proj_fp8"
+        )
+    uk_c, uv_c = split_kv_b_proj(weight.codes, num_heads, qk_nope_head_dim, v_head_dim)
+    if lengths == (rows, lora):
+        one = weight.scale.reshape(1, 1, 1)
+        return (uk_c.contiguous(), one), (uv_c.contiguous(), one)
+    # scale [N*(P+V), 1] -> W_UK (N, P, 1): per K row; W_UV^T (N, 1, V): per M column
+    uk_s, uv_s = split_kv_b_proj(weight.scale, num_heads, qk_nope_head_dim, v_head_dim)
     return (uk_c.contiguous(), uk_s.contiguous()), (uv_c.contiguous(), uv_s.contiguous())
 
 

@@ -103,9 +103,7 @@ class Fp8Tensor:
         return (self.codes.double() * self.expanded_scale().double()).float()
 
     @classmethod
-    def from_checkpoint(
-        cls, codes: Tensor, scale_inv: Tensor, block: tuple[int, ...] = (128, 128)
-    ) -> Fp8Tensor:
+    def from_checkpoint(cls, codes: Tensor, scale_inv: Tensor, block: Block = (128, 128)) -> Fp8Tensor:
         """Wrap a DeepSeek-V3-style FP8 weight: ``weight`` (fp8) + ``weight_scale_inv`` (fp32, one per block,
         shape [ceil(out/128), ceil(in/128)], a DEQUANT multiplier = amax/448 of the original block).
 

@@ -2,33 +2,33 @@
 
 - Rule ``checkpoint`` with block FP8 storage: the checkpoint's own e4m3 codes and 128x128 scales run
   as ``fp8_per_block`` unchanged (split per head exactly, blocks that straddle heads included).
+- Per-tensor / per-channel FP8 storage (compressed-tensors, Quark) used as stored: the codes and scales
+  run unchanged, W_UV^T as ``fp8_per_tensor`` / ``fp8_per_channel`` and W_UK as ``decision.scheme_uk``
+  (``fp8_per_block`` for per-channel: the per-row scales lie along W_UK's reduction axis).
 - MXFP4 storage used as stored: W_UV^T (K = L, the axis Quark blocks along) keeps its codes and E8M0
   scales; W_UK (K = P) cannot, so the scheme regroups it from the exactly dequantized weight.
-- Anything else: the stored weight is dequantized exactly (fp32) and the scheme's ``prepare`` quantizes it
-  (re-quantization; lossless only for the reference schemes on an unquantized source).
+- Otherwise the scheme does not run the stored format (targets / flags chose another): the stored weight
+  is dequantized exactly (fp32) and the scheme's ``prepare`` quantizes it.
 """
 
 from __future__ import annotations
 
-import logging
 from types import MappingProxyType
 from typing import Any
 
 from mlaq.bmm import get_scheme
-from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8
+from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8, split_kv_b_proj_fp8_scaled
 from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
 from mlaq.model.mla import MLAttention
 from mlaq.model.mla_core import Precision
 from mlaq.model.weights import CheckpointWeight, WeightFormat
 
-LOGGER = logging.getLogger("mlaq.model")
-
 # policy StoredFormat.name -> the on-disk format the loader must have found
 _STORED = MappingProxyType(
     {
         "fp8_per_block": WeightFormat.FP8_BLOCK,
-        "fp8_per_channel": WeightFormat.FP8_SCALED,
-        "fp8_per_tensor": WeightFormat.FP8_SCALED,
+        "fp8_per_channel": WeightFormat.FP8_PER_CHANNEL,
+        "fp8_per_tensor": WeightFormat.FP8_PER_TENSOR,
         "mxfp4": WeightFormat.MXFP4,
     }
 )
@@ -38,35 +38,41 @@ def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, p
     """Prepare ``attn``'s absorbed BMMs as ``decision`` (a policy LayerDecision) says."""
     c = attn.config
     n, p, v = c.num_heads, c.qk_nope_head_dim, c.v_head_dim
-    expected = _STORED.get(decision.stored.name, WeightFormat.DENSE)
-    if decision.stored.quantized and stored.format is not expected:
+    # a quantized format the loader has no reader for (mxfp8, nvfp4, ...) can never match the file
+    if decision.stored.quantized and stored.format is not _STORED.get(decision.stored.name):
         raise ValueError(
             f"{stored.name}.weight: config.json says kv_b_proj is stored as {decision.stored.name}, but the "
             f"safetensors file holds {stored.format.value}; the config and the weights disagree"
         )
-    scheme = get_scheme(decision.scheme)
-    if decision.uses_checkpoint_data and stored.format is WeightFormat.FP8_BLOCK:
-        fp8 = stored.fp8_block()
+    scheme, scheme_uk = get_scheme(decision.scheme), get_scheme(decision.scheme_uk)
+    if not decision.uses_checkpoint_data:
+        w_uk_t, w_uv_t = split_kv_b_proj(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
+        w_uk, w_uv = scheme_uk.prepare(w_uk_t), scheme.prepare(w_uv_t)
+    elif stored.format in _FP8_SPLIT:
+        fp8 = stored.fp8()
         if scheme.name.endswith("_fnuz"):
             fp8 = e4m3fn_to_e4m3fnuz(fp8)  # reinterpret + double the scales: exact for finite values
-        (uk_codes, uk_scale), (uv_codes, uv_scale) = split_kv_b_proj_fp8(fp8, n, p, v)
-        w_uk = scheme.prepare_quantized(uk_codes, uk_scale)  # type: ignore[attr-defined]
+        (uk_codes, uk_scale), (uv_codes, uv_scale) = _FP8_SPLIT[stored.format](fp8, n, p, v)
+        w_uk = scheme_uk.prepare_quantized(uk_codes, uk_scale)  # type: ignore[attr-defined]
         w_uv = scheme.prepare_quantized(uv_codes, uv_scale)  # type: ignore[attr-defined]
-    elif decision.uses_checkpoint_data and stored.format is WeightFormat.MXFP4:
+    elif stored.format is WeightFormat.MXFP4:
         w_uk_t, _ = split_kv_b_proj(stored.dequantize(), n, p, v)
-        w_uk = scheme.prepare(w_uk_t)
+        w_uk = scheme_uk.prepare(w_uk_t)
         w_uv = scheme.prepare_quantized(_mx_w_uv_t(stored, n, p, v))  # type: ignore[attr-defined]
-    else:
-        if decision.uses_checkpoint_data:
-            LOGGER.info(
-                "%s: %s codes re-derived by %s.prepare from the exact dequantized weight",
-                stored.name,
-                stored.format.value,
-                scheme.name,
-            )
-        w_uk_t, w_uv_t = split_kv_b_proj(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
-        w_uk, w_uv = scheme.prepare(w_uk_t), scheme.prepare(w_uv_t)
-    attn.set_absorbed(w_uk, w_uv, scheme, precision=precision)
+    else:  # the policy promised the stored format unchanged: never fall back to re-quantizing it
+        raise ValueError(
+            f"{stored.name}.weight: the policy runs kv_b_proj as {decision.scheme} on the checkpoint's own "
+            f"{stored.format.value} data, which the loader cannot pass to it unchanged"
+        )
+    attn.set_absorbed(w_uk, w_uv, scheme_uk, precision=precision, scheme_uv=scheme)
+
+
+# stored FP8 format -> its split into (codes, scale) of W_UK and W_UV^T at the scales' real granularity
+_FP8_SPLIT = {
+    WeightFormat.FP8_BLOCK: split_kv_b_proj_fp8,
+    WeightFormat.FP8_PER_TENSOR: split_kv_b_proj_fp8_scaled,
+    WeightFormat.FP8_PER_CHANNEL: split_kv_b_proj_fp8_scaled,
+}
 
 
 def _mx_w_uv_t(stored: CheckpointWeight, n: int, p: int, v: int) -> MxTensor:

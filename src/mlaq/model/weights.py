@@ -8,7 +8,8 @@ the checkpoint's ``quantization_config.quant_method``):
 | DENSE        | ``m.weight`` bf16/fp16/fp32                                         | any                 |
 | FP8_BLOCK    | ``m.weight`` e4m3fn + ``m.weight_scale_inv`` fp32 [ceil(out/b0), ceil(in/b1)] | fp8 (DeepSeek/GLM) |
 |              | (compressed-tensors: the same grid stored as ``m.weight_scale``)   | compressed-tensors  |
-| FP8_SCALED   | ``m.weight`` e4m3fn + ``m.weight_scale`` fp32: per-tensor [] / [1], per-channel [out, 1] / [out] | compressed-tensors, quark |
+| FP8_PER_TENSOR | ``m.weight`` e4m3fn + ``m.weight_scale`` fp32/bf16 [] / [1]                  | compressed-tensors, quark |
+| FP8_PER_CHANNEL | ``m.weight`` e4m3fn + ``m.weight_scale`` fp32/bf16 [out, 1] / [out] (per output row) | compressed-tensors, quark |
 | MXFP4        | ``m.weight`` uint8 fp4x2 [out, in/2] + ``m.weight_scale`` uint8 E8M0 [out, ceil(in/32)] | quark |
 
 Activation scales (``input_scale``) are not read: mlaq dequantizes these weights to the compute dtype
@@ -35,7 +36,8 @@ DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 class WeightFormat(Enum):
     DENSE = "dense"
     FP8_BLOCK = "fp8_block"
-    FP8_SCALED = "fp8_scaled"
+    FP8_PER_TENSOR = "fp8_per_tensor"
+    FP8_PER_CHANNEL = "fp8_per_channel"
     MXFP4 = "mxfp4"
 
 
@@ -43,8 +45,17 @@ class WeightFormat(Enum):
 _ALLOWED: dict[str | None, frozenset[WeightFormat]] = {
     None: frozenset({WeightFormat.DENSE}),
     "fp8": frozenset({WeightFormat.DENSE, WeightFormat.FP8_BLOCK}),
-    "compressed-tensors": frozenset({WeightFormat.DENSE, WeightFormat.FP8_SCALED, WeightFormat.FP8_BLOCK}),
-    "quark": frozenset({WeightFormat.DENSE, WeightFormat.FP8_SCALED, WeightFormat.MXFP4}),
+    "compressed-tensors": frozenset(
+        {
+            WeightFormat.DENSE,
+            WeightFormat.FP8_PER_TENSOR,
+            WeightFormat.FP8_PER_CHANNEL,
+            WeightFormat.FP8_BLOCK,
+        }
+    ),
+    "quark": frozenset(
+        {WeightFormat.DENSE, WeightFormat.FP8_PER_TENSOR, WeightFormat.FP8_PER_CHANNEL, WeightFormat.MXFP4}
+    ),
 }
 
 
@@ -91,30 +102,31 @@ class CheckpointWeight:
     scale: Tensor | None = None
     block: tuple[int, int] | None = None  # FP8_BLOCK only
 
-    def fp8_block(self) -> Fp8Tensor:
-        """The FP8_BLOCK weight as an Fp8Tensor (codes and scale_inv exactly as stored)."""
-        if self.format is not WeightFormat.FP8_BLOCK:
-            raise ValueError(f"{self.name}: weight is {self.format.value}, not fp8_block")
-        return Fp8Tensor.from_checkpoint(self.codes, self.scale, self.block)
+    def fp8(self) -> Fp8Tensor:
+        """An FP8 weight as an Fp8Tensor, codes and scales exactly as stored: FP8_BLOCK with its block,
+        FP8_PER_TENSOR as block (None, None) (scale [1, 1]), FP8_PER_CHANNEL as (1, None) (scale [out, 1])."""
+        if self.format is WeightFormat.FP8_BLOCK:
+            return Fp8Tensor.from_checkpoint(self.codes, self.scale, self.block)
+        if self.scale is None or self.format not in _FP8_SCALED_BLOCK:
+            raise ValueError(f"{self.name}: weight is {self.format.value}, not FP8")
+        block = _FP8_SCALED_BLOCK[self.format]
+        grid = (1, 1) if block[0] is None else (self.codes.shape[0], 1)
+        return Fp8Tensor.from_checkpoint(self.codes, self.scale.reshape(grid), block)
 
     def dequantize(self) -> Tensor:
         """The weight's exact value, fp32 (DENSE bf16/fp16 -> fp32 is exact too)."""
         if self.format is WeightFormat.DENSE:
             return self.codes.float()
-        if self.format is WeightFormat.FP8_BLOCK:
-            return self.fp8_block().dequantize()
         if self.format is WeightFormat.MXFP4:
             return MxTensor.from_packed(self.codes, self.scale, axis=-1).dequantize()
-        return _dequant_scaled(self.codes, self.scale)
+        return self.fp8().dequantize()
 
 
-def _dequant_scaled(codes: Tensor, scale: Tensor) -> Tensor:
-    out, _ = codes.shape
-    scale = scale.float()
-    # per-tensor: one scale; per-channel: one scale per output row
-    expanded = scale.reshape(1, 1) if scale.numel() == 1 else scale.reshape(out, 1)
-    # float64 product is exact, then one rounding to fp32 (as Fp8Tensor.dequantize does)
-    return (codes.double() * expanded.double()).float()
+# The Fp8Tensor block spec of the scaled FP8 formats (None = the whole dim)
+_FP8_SCALED_BLOCK: dict[WeightFormat, tuple[int | None, int | None]] = {
+    WeightFormat.FP8_PER_TENSOR: (None, None),
+    WeightFormat.FP8_PER_CHANNEL: (1, None),
+}
 
 
 def read_linear(
@@ -142,15 +154,18 @@ def read_linear(
                 scale, (out, math.ceil(k / 32)), (torch.uint8, torch.float8_e8m0fnu), where + " weight_scale"
             )
         else:
-            fmt = WeightFormat.FP8_SCALED
             _expect(codes, (out, k), (torch.float8_e4m3fn,), where)
             grid = _grid(shape, quant.block)
             if scale.dim() == 2 and tuple(scale.shape) == grid and grid[0] != out:
                 fmt, block = WeightFormat.FP8_BLOCK, quant.block  # compressed-tensors block strategy
-            elif scale.numel() not in (1, out):
+            elif scale.numel() == 1:
+                fmt = WeightFormat.FP8_PER_TENSOR
+            elif tuple(scale.shape) in ((out,), (out, 1)):
+                fmt = WeightFormat.FP8_PER_CHANNEL
+            else:
                 raise ValueError(
-                    f"{where} weight_scale: shape {tuple(scale.shape)} is neither per-tensor, per-channel "
-                    f"({out}) nor {quant.block} blocks {grid}"
+                    f"{where} weight_scale: shape {tuple(scale.shape)} is neither per-tensor ([] or [1]), "
+                    f"per-channel ([{out}] or [{out}, 1]) nor {quant.block} blocks {list(grid)}"
                 )
             _expect(scale, tuple(scale.shape), (torch.float32, torch.bfloat16), where + " weight_scale")
     else:

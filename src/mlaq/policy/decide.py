@@ -35,6 +35,8 @@ def native_scheme(storage: KvBStorage, schemes: Collection[str]) -> str | None:
     stored = storage.stored
     if stored.name == "fp16" and "fp16" not in schemes:
         return "fp32"
+    if stored.scheme_uk is not None and stored.scheme_uk not in schemes:
+        return None
     return stored.scheme if stored.scheme in schemes else None
 
 

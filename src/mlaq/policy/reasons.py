@@ -17,6 +17,18 @@ def _fp16_note(source: str, scheme: str) -> str:
     return " (no fp16 scheme is registered; fp32 holds fp16 exactly)" if source != scheme == "fp32" else ""
 
 
+def _split_note(storage: KvBStorage) -> str:
+    """Where W_UK cannot run the stored format under ``scheme`` (per-channel FP8), say what it runs as."""
+    stored = storage.stored
+    if stored.scheme_uk is None:
+        return ""
+    return (
+        f" (q absorption's W_UK runs as {stored.scheme_uk} on the same codes and scales: its per-channel "
+        f"scales lie along its reduction axis, which a per-channel kernel cannot scale; the V up-projection "
+        f"runs as {stored.scheme})"
+    )
+
+
 def targets(pattern: str, scheme: str, storage: KvBStorage, method: str) -> str:
     stored = storage.stored
     head = f"--quantization-config targets {pattern!r} chose {scheme}"
@@ -24,7 +36,8 @@ def targets(pattern: str, scheme: str, storage: KvBStorage, method: str) -> str:
         return f"{head}; the checkpoint's quant_method {method!r} is not one mlaq reads, so it is used as stored."
     if stored.quantized and scheme == stored.scheme:
         return (
-            f"{head}, the checkpoint's own format ({stored.detail}): stored codes and scales run unchanged."
+            f"{head}, the checkpoint's own format ({stored.detail}): stored codes and scales run "
+            f"unchanged{_split_note(storage)}."
         )
     if scheme in UNQUANTIZED:
         if stored.quantized:
@@ -38,7 +51,7 @@ def targets(pattern: str, scheme: str, storage: KvBStorage, method: str) -> str:
 def ignore(pattern: str, storage: KvBStorage) -> str:
     return (
         f"--quantization-config ignore {pattern!r} exempts it from online re-quantization: "
-        f"it keeps the checkpoint's {storage.stored.detail}."
+        f"it keeps the checkpoint's {storage.stored.detail}{_split_note(storage)}."
     )
 
 
@@ -49,7 +62,7 @@ def checkpoint(scheme: str, storage: KvBStorage, settings: Settings) -> str:
     data = "stored MXFP4 values" if storage.stored.name == "mxfp4" else "stored codes and scales"
     return (
         f"The checkpoint stores it as {storage.stored.detail}, since {storage.because}: it runs as {scheme} "
-        f"on the {data}, not re-quantized{tail}."
+        f"on the {data}, not re-quantized{_split_note(storage)}{tail}."
     )
 
 

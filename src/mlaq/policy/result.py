@@ -3,9 +3,12 @@
 The model loader applies ``result.for_layer(i)`` to layer ``i``: it builds the BMM scheme
 ``decision.scheme``; when ``decision.uses_checkpoint_data`` it hands the checkpoint's stored codes
 and scales to the scheme's ``prepare_quantized`` (fp8_per_block: ``mlaq.bmm.split_kv_b_proj_fp8``;
-``decision.stored.block_size`` says the block), otherwise it dequantizes the stored weight exactly
-and lets the scheme's ``prepare`` quantize it. MXFP4 exception: a checkpoint's MX blocks run along
-kv_lora_rank, which is K only for W_UV^T; W_UK is dequantized (exact) and prepared (see ``stored``).
+``decision.stored.block_size`` says the block; fp8_per_tensor / fp8_per_channel:
+``mlaq.bmm.split_kv_b_proj_fp8_scaled``), otherwise it dequantizes the stored weight exactly and lets
+the scheme's ``prepare`` quantize it. W_UK runs as ``decision.scheme_uk``, W_UV^T as ``decision.scheme``;
+they differ only for a per-channel FP8 checkpoint (its scales vary along W_UK's K: fp8_per_block runs
+them). MXFP4 exception: a checkpoint's MX blocks run along kv_lora_rank, which is K only for W_UV^T;
+W_UK is dequantized (exact) and prepared (see ``stored``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ class LayerDecision:
     def uses_checkpoint_data(self) -> bool:
         """True when the scheme runs on the checkpoint's own stored format (no online re-quantization)."""
         return self.stored.quantized and self.scheme == self.stored.scheme
+
+    @property
+    def scheme_uk(self) -> str:
+        """The scheme of W_UK (q absorption): ``scheme`` except where the stored scales vary along W_UK's
+        reduction axis (per-channel FP8 used as stored), which only fp8_per_block runs exactly."""
+        return (self.stored.scheme_uk if self.uses_checkpoint_data else None) or self.scheme
 
     @property
     def requantized(self) -> bool:

@@ -9,7 +9,7 @@ stored             scheme           note
 bf16 / fp32        bf16 / fp32      unquantized
 fp16               fp16 or fp32     fp32 when no fp16 scheme is registered (holds fp16 exactly)
 fp8_per_block      fp8_per_block    e4m3 + one fp32 scale per (128 x 128) block (DeepSeek/GLM FP8)
-fp8_per_channel    fp8_per_channel  e4m3 + one scale per output row
+fp8_per_channel    fp8_per_channel  e4m3 + one scale per output row; W_UK runs as fp8_per_block (below)
 fp8_per_tensor     fp8_per_tensor   e4m3 + one scale for the whole weight
 mxfp4              mxfp4            OCP MXFP4 (e2m1, e8m0 scale per 32) with MXFP4 activations (W4A4,
                                     Quark's ``input_tensors: fp4``); mxfp4_w4a16 when the checkpoint
@@ -22,6 +22,12 @@ MXFP4 caveat: a checkpoint's MXFP4 groups run along kv_b_proj's input axis (kv_l
 is the reduction axis K of the V up-projection (W_UV^T, (N, L, V)), so its stored codes and scales
 are used as they are; for q absorption (W_UK, (N, P, L)) K is P, so a kernel that groups along K
 must regroup W_UK — the scheme's ``prepare`` does that from the exactly dequantized weight.
+
+Per-channel FP8 caveat: the scale is per OUTPUT ROW of kv_b_proj [N*(P+V), L]. W_UV^T (N, L, V) has
+it per output column M — the AITER per-channel epilogue, ``fp8_per_channel``. For W_UK (N, P, L) the
+rows are the reduction axis K = P, and no per-channel kernel applies a weight scale varying along
+K; ``fp8_per_block``'s per-K-segment scaling does, exactly, so W_UK runs as ``scheme_uk`` =
+``fp8_per_block`` on the same stored codes and scales. Nothing is re-quantized either way.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class StoredFormat:
     scheme: str | None  # the mlaq scheme that runs exactly this format, None if none does
     block_size: tuple[int, int] | None = None  # fp8_per_block: (rows, cols) of one scale block
     scale_fmt: str | None = None  # e.g. "ue8m0" when block scales are powers of two
+    scheme_uk: str | None = None  # W_UK's scheme when it must differ from ``scheme`` (per-channel FP8)
 
     @property
     def quantized(self) -> bool:
@@ -66,7 +73,8 @@ def fp8_per_tensor() -> StoredFormat:
 
 
 def fp8_per_channel() -> StoredFormat:
-    return StoredFormat("fp8_per_channel", "FP8 e4m3 with one scale per output channel", "fp8_per_channel")
+    detail = "FP8 e4m3 with one scale per output channel"
+    return StoredFormat("fp8_per_channel", detail, "fp8_per_channel", scheme_uk="fp8_per_block")
 
 
 def mxfp4(activations_fp4: bool) -> StoredFormat:
