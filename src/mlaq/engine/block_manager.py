@@ -21,6 +21,7 @@ class BatchSlots:
 
     slots: Tensor  # (B, S_max) int64; padded positions point at slot 0 and are masked
     lengths: Tensor  # (B,) int64, cached tokens per sequence
+    padded: bool = True  # False when every sequence has S_max tokens (nothing to mask)
 
     @property
     def mask(self) -> Tensor:
@@ -144,5 +145,7 @@ class BlockManager:
         pos = torch.arange(s_max)  # (S_max,)
         slots = tables_t[:, pos // self.block_size] * self.block_size + pos % self.block_size  # (B, S_max)
         lengths_t = torch.tensor(lens, dtype=torch.int64)
-        slots = slots.masked_fill(pos[None, :] >= lengths_t[:, None], 0)
-        return BatchSlots(slots, lengths_t)
+        padded = any(n != s_max for n in lens)
+        if padded:
+            slots = slots.masked_fill(pos[None, :] >= lengths_t[:, None], 0)
+        return BatchSlots(slots, lengths_t, padded)

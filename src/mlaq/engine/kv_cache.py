@@ -163,7 +163,7 @@ class LatentKVCache:
         stored = self.data[:num_layers, batch.slots]  # (n, B, S_max, L+R)
         if c.kv_cache_dtype is KVCacheDtype.FP8_E4M3:
             stored = dequantize_fp8_e4m3(stored, c.scale, c.dtype)
-        return stored.masked_fill(~batch.mask[None, :, :, None], 0)
+        return stored.masked_fill(~batch.mask[None, :, :, None], 0) if batch.padded else stored
 
     def write_layers(self, slots: Tensor, entries: Sequence[Tensor]) -> None:
         """Layer i of ``entries`` (T, width_i) at ``slots`` (T,), for layers 0..len(entries)-1."""
