@@ -61,11 +61,12 @@ def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None)
         else:
             group_scores = per_group.max(dim=-1).values
         kept = group_scores.topk(cfg.topk_group, dim=-1, sorted=False).indices  # (T, topk_group)
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-        expert_mask = group_mask.unsqueeze(-1).expand(t, cfg.n_group, e // cfg.n_group).reshape(t, e)
+        dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, kept, False)  # (T, G)
         # V2 fills masked experts with 0 (scores are positive softmax values); V3 with -inf.
         fill = float("-inf") if cfg.topk_method is TopkMethod.NOAUX_TC else 0.0
-        choice = choice.masked_fill(~expert_mask, fill)
+        choice = per_group.masked_fill(dropped[:, :, None], fill).view(
+            t, e
+        )  # every expert of a dropped group
     indices = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False).indices  # (T, k)
     # noaux_tc weighs by the unbiased scores; V2 by the (group-masked) scores it chose from.
     weights = (scores if cfg.topk_method is TopkMethod.NOAUX_TC else choice).gather(1, indices)
