@@ -131,15 +131,29 @@ class MoE(nn.Module):
             rows = [self._one_token(flat, weights, chosen, t) for t, chosen in enumerate(indices.tolist())]
             out = rows[0] if len(rows) == 1 else torch.cat(rows)
         else:
-            out = torch.zeros_like(flat)
-            # Visit only the experts some token chose; each token's k contributions are summed.
-            for expert in indices.unique().tolist():
-                token, slot = torch.where(indices == expert)
-                y = self._expert_list[expert](flat[token])  # (n, hidden)
-                out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+            out = self._grouped(flat, weights, indices)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(shape)
+
+    def _grouped(self, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """Tokens grouped by expert: each chosen expert runs once over its tokens (ascending token
+        order), experts visited in ascending order; each token's k contributions are summed."""
+        k = indices.shape[1]
+        choices = indices.reshape(-1)  # (T*k,) row-major: token-major, then slot
+        order = torch.argsort(choices, stable=True)  # (T*k,) by expert, tokens ascending within one
+        counts = torch.bincount(choices, minlength=len(self._expert_list)).tolist()
+        tokens = order // k  # (T*k,)
+        x = flat[tokens]  # (T*k, hidden)
+        w = weights.reshape(-1)[order, None]  # (T*k, 1)
+        out = torch.zeros_like(flat)
+        start = 0
+        for expert, n in enumerate(counts):
+            if n:
+                y = self._expert_list[expert](x[start : start + n])  # (n, hidden)
+                out.index_add_(0, tokens[start : start + n], (y * w[start : start + n]).to(out.dtype))
+                start += n
+        return out
 
     def _one_token(self, flat: Tensor, weights: Tensor, experts: list[int], t: int) -> Tensor:
         """Token t alone (decode, verification): its k chosen experts run directly and are summed in
