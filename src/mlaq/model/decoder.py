@@ -17,7 +17,8 @@ from mlaq.model.mla_config import MLAConfig
 from mlaq.model.moe import DenseMLP, MoE
 from mlaq.model.norm import RMSNorm
 from mlaq.model.registry import IndexerKind, MlpKind
-from mlaq.model.step import StepPositions
+from mlaq.model.rope import RopeTable
+from mlaq.model.step import StepPositions, from_positions
 
 
 class DecoderLayer(nn.Module):
@@ -57,20 +58,28 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        step: StepPositions,
+        positions: Tensor,
         cache: LatentCache,
         path: AttnPath,
         shared_key_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, H) at ``step.positions`` -> (output (B, T, H), this layer's DSA key mask or None).
+        *,
+        step: StepPositions | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """x (B, T, H) at positions (B, T) -> (output (B, T, H), the new cache entries (B, T, L+R),
+        this layer's DSA key mask or None).
 
-        The layer writes its new cache entries through ``cache.update``. ``shared_key_mask`` (B, T, K):
-        the selection of the previous full-indexer layer, which a ``shared`` DSA layer reuses (GLM-5).
+        The layer writes its new entries through ``cache.update``. ``step``: the positions' RoPE
+        angles and causal mask, computed once per call by the model (built here when absent).
+        ``shared_key_mask`` (B, T, K): the selection of the previous full-indexer layer, which a
+        ``shared`` DSA layer reuses (GLM-5). Forward hooks see ``positions`` as ``args[1]``.
         """
-        attn_out, key_mask = self._attention(self.input_layernorm(x), step, cache, path, shared_key_mask)
+        if step is None:
+            step = from_positions(positions, RopeTable(self.self_attn.rope))
+        h = self.input_layernorm(x)
+        attn_out, entries, key_mask = self._attention(h, step, cache, path, shared_key_mask)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, key_mask
+        return x, entries, key_mask
 
     def _attention(
         self,
@@ -79,7 +88,7 @@ class DecoderLayer(nn.Module):
         cache: LatentCache,
         path: AttnPath,
         shared_key_mask: Tensor | None,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         attn = self.self_attn
         proj = attn.project(h, step.positions, (step.cos, step.sin))
         indexer = self.indexer
@@ -96,4 +105,4 @@ class DecoderLayer(nn.Module):
                 raise ValueError(f"layer {self.layer} shares DSA top-k but no earlier layer computed one")
             key_mask = shared_key_mask
         out = attn.attend(proj.q_nope, proj.q_pe, keys, step.with_key_mask(key_mask), path)
-        return out, key_mask
+        return out, proj.latent, key_mask

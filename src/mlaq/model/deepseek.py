@@ -142,7 +142,7 @@ class DeepseekForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
         key_mask = None  # the last full DSA layer's selection, reused by `shared` layers
         for layer in self._main_layers:
-            x, mask = layer(x, step, cache, path, key_mask)
+            x, _, mask = layer(x, step.positions, cache, path, key_mask, step=step)
             key_mask = mask if mask is not None else key_mask
         hidden = self.model.norm(x)
         return CausalLMOutput(self.lm_head(hidden).float(), hidden)

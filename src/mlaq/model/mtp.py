@@ -77,6 +77,6 @@ class MTPLayer(DecoderLayer):
         e = self.enorm(embed(input_ids))  # (B, T, H)
         h = self.hnorm(hidden.to(e.dtype))  # (B, T, H)
         x = self.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
-        y, _ = self(x, step, cache, path)
+        y, _, _ = self(x, step.positions, cache, path, step=step)
         logits = head(self.shared_head.norm(y)).float()
         return logits, y
