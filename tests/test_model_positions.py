@@ -92,3 +92,17 @@ def test_rope_table_equals_direct_cos_sin_and_grows(yarn):
         want_cos, want_sin = rope.cos_sin(positions)
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
     assert table._tables[torch.device("cpu")][0].shape[0] > 4098
+
+
+def test_logits_index_keeps_one_position_per_row(model):
+    ids = torch.randint(3, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(2))
+    index = torch.tensor([4, 1])
+    full = model.prefill(ids)
+    one = model.prefill(ids, logits_index=index)
+    assert one.logits.shape == (2, 1, model.config.vocab_size) and torch.equal(one.hidden, full.hidden)
+    assert _rel(one.logits[:, 0], full.logits[torch.arange(2), index]) <= 1e-6
+    mtp_full = model.mtp_step(ids[:, 1:], full.hidden[:, :-1], ModelCache())
+    mtp_one = model.mtp_step(ids[:, 1:], full.hidden[:, :-1], ModelCache(), logits_index=index - 1)
+    assert _rel(mtp_one.logits[:, 0], mtp_full.logits[torch.arange(2), index - 1]) <= 1e-6
+    with pytest.raises(ValueError, match="logits_index must have shape"):
+        model.prefill(ids, logits_index=torch.tensor([1]))

@@ -50,22 +50,34 @@ class DeepseekLatentLM:
 
     @torch.no_grad()
     def forward(
-        self, input_ids: Tensor, positions: Tensor, past: Sequence[Tensor], *, prefill: bool
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        past: Sequence[Tensor],
+        *,
+        prefill: bool,
+        logits_index: Tensor | None = None,
     ) -> LMOutput:
         cache = GatheredCache(past, self._latent_width, first_layer=0)
-        out = self.model(
-            input_ids, cache, path=AttnPath.NAIVE if prefill else AttnPath.ABSORBED, positions=positions
-        )
+        path = AttnPath.NAIVE if prefill else AttnPath.ABSORBED
+        out = self.model(input_ids, cache, path=path, positions=positions, logits_index=logits_index)
         return LMOutput(out.logits, out.hidden, tuple(cache.entries))
 
     @torch.no_grad()
     def mtp(
-        self, input_ids: Tensor, hidden: Tensor, positions: Tensor, past: Tensor, *, step: int
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        past: Tensor,
+        *,
+        step: int,
+        logits_index: Tensor | None = None,
     ) -> LMOutput:
         m = self.model
         index = m.config.num_hidden_layers + step % m.num_mtp_layers
         cache = GatheredCache([past], self._latent_width, first_layer=index)
-        out = m.mtp_step(input_ids, hidden, cache, step=step, positions=positions)
+        out = m.mtp_step(input_ids, hidden, cache, step=step, positions=positions, logits_index=logits_index)
         return LMOutput(out.logits, out.hidden, tuple(cache.entries))
 
 

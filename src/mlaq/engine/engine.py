@@ -164,9 +164,8 @@ class LLMEngine:
     def _prefill(self, reqs: list[Request]) -> None:
         seqs = [r.seq for r in reqs]
         tokens = [s.all_token_ids for s in seqs]  # prompt (+ outputs after a preemption)
-        out = self.runner.forward(seqs, tokens, prefill=True)
-        last = torch.tensor([len(t) - 1 for t in tokens])
-        logits = out.logits[torch.arange(len(seqs)), last]  # (B, V)
+        out = self.runner.forward(seqs, tokens, prefill=True, last_only=True)
+        logits = out.logits[:, -1]  # (B, V): each prompt's last token
         for row, (r, s) in enumerate(zip(reqs, seqs, strict=True)):
             s.num_cached = s.num_tokens
             r.pending_hidden = out.hidden[row, : len(tokens[row])] if self.k else None
@@ -223,10 +222,10 @@ class LLMEngine:
         hidden = [reqs[i].pending_hidden for i in active]
         starts = [s.num_cached - h.shape[0] for s, h in zip(seqs, hidden, strict=True)]
         tokens = [s.all_token_ids[st + 1 : s.num_cached + 1] for s, st in zip(seqs, starts, strict=True)]
-        out = self.runner.mtp(seqs, tokens, hidden, starts)
+        out = self.runner.mtp(seqs, tokens, hidden, starts, last_only=True)
         last = torch.tensor([len(t) - 1 for t in tokens])
         rows = torch.arange(len(active))
-        logits, h = out.logits[rows, last], out.hidden[rows, last]  # (A, V), (A, H)
+        logits, h = out.logits[:, -1], out.hidden[rows, last]  # (A, V), (A, H): each row's last token
         for i in active:
             reqs[i].pending_hidden = None  # the MTP cache has seen them now
         for j in range(self.k):

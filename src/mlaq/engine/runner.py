@@ -61,15 +61,24 @@ class ModelRunner:
             self.cache.write(layer, slots, entry)
 
     def forward(
-        self, seqs: Sequence[Seq], token_lists: Sequence[Sequence[int]], *, prefill: bool
+        self,
+        seqs: Sequence[Seq],
+        token_lists: Sequence[Sequence[int]],
+        *,
+        prefill: bool,
+        last_only: bool = False,
     ) -> LMOutput:
-        """Main model over ``token_lists[b]``, placed after each sequence's ``num_cached`` tokens."""
+        """Main model over ``token_lists[b]``, placed after each sequence's ``num_cached`` tokens.
+
+        ``last_only``: logits of each row's last token only, (B, 1, vocab)."""
         starts = [s.num_cached for s in seqs]
         ids, positions = self._inputs(token_lists, starts)
         batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
         layers = range(self.model.geometry.num_layers)
         past = self.cache.gather_layers(len(layers), batch)  # (B, S_max, L+R) per layer
-        out = self.model.forward(ids, positions, past, prefill=prefill)
+        out = self.model.forward(
+            ids, positions, past, prefill=prefill, logits_index=_last_index(token_lists, last_only)
+        )
         self._store(seqs, layers, out.entries, [len(t) for t in token_lists], starts)
         return out
 
@@ -79,11 +88,13 @@ class ModelRunner:
         token_lists: Sequence[Sequence[int]],
         hidden: Sequence[Tensor],
         starts: Sequence[int],
+        *,
+        last_only: bool = False,
     ) -> LMOutput:
         """The MTP layer over ``token_lists[b]`` at positions ``starts[b]...`` with ``hidden[b]`` (T_b, H).
 
         Always the first MTP layer: checkpoints of this family ship one (``num_nextn_predict_layers``
-        = 1) and chain it k times, as vLLM does.
+        = 1) and chain it k times, as vLLM does. ``last_only`` as in ``forward``.
         """
         ids, positions = self._inputs(token_lists, starts)
         t = ids.shape[1]
@@ -96,6 +107,15 @@ class ModelRunner:
         layer = self.model.geometry.num_layers  # the MTP layer's cache index
         batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
         past = self.cache.gather(layer, batch)[0]
-        out = self.model.mtp(ids, h, positions, past, step=0)
+        out = self.model.mtp(
+            ids, h, positions, past, step=0, logits_index=_last_index(token_lists, last_only)
+        )
         self._store(seqs, [layer], out.entries, [len(x) for x in token_lists], starts)
         return out
+
+
+def _last_index(token_lists: Sequence[Sequence[int]], last_only: bool) -> Tensor | None:
+    """(B,) index of each row's last real token, or None (all logits; also when T = 1 anyway)."""
+    if not last_only or max(len(tokens) for tokens in token_lists) == 1:
+        return None
+    return torch.tensor([len(tokens) - 1 for tokens in token_lists], dtype=torch.int64)

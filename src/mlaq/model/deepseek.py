@@ -28,7 +28,7 @@ from mlaq.model.config import ModelConfig
 from mlaq.model.decoder import DecoderLayer
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mtp import MTPLayer
+from mlaq.model.mtp import MTPLayer, select_rows
 from mlaq.model.norm import RMSNorm
 from mlaq.model.rope import RopeTable
 from mlaq.model.step import StepPositions, from_positions, step_positions
@@ -135,8 +135,12 @@ class DeepseekForCausalLM(nn.Module):
         *,
         path: AttnPath,
         positions: Tensor | None = None,
+        logits_index: Tensor | None = None,
     ) -> CausalLMOutput:
-        """Run the main layers over ``input_ids`` (B, T), by default after each row's cached tokens."""
+        """Run the main layers over ``input_ids`` (B, T), by default after each row's cached tokens.
+
+        ``logits_index`` (B,): logits only at position ``logits_index[b]`` of row b, (B, 1, vocab)
+        (generation needs a prompt's last token only; the lm_head is the costliest matmul)."""
         cache = ModelCache() if cache is None else cache
         step = self.step_positions(input_ids, cache, 0, positions)
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
@@ -145,19 +149,29 @@ class DeepseekForCausalLM(nn.Module):
             x, _, mask = layer(x, step.positions, cache, path, key_mask, step=step)
             key_mask = mask if mask is not None else key_mask
         hidden = self.model.norm(x)
-        return CausalLMOutput(self.lm_head(hidden).float(), hidden)
+        return CausalLMOutput(self.lm_head(select_rows(hidden, logits_index)).float(), hidden)
 
     def prefill(
-        self, input_ids: Tensor, cache: LatentCache | None = None, *, positions: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        cache: LatentCache | None = None,
+        *,
+        positions: Tensor | None = None,
+        logits_index: Tensor | None = None,
     ) -> CausalLMOutput:
         """Naive MLA (decompressed keys/values), as engines run prompts."""
-        return self(input_ids, cache, path=AttnPath.NAIVE, positions=positions)
+        return self(input_ids, cache, path=AttnPath.NAIVE, positions=positions, logits_index=logits_index)
 
     def decode(
-        self, input_ids: Tensor, cache: LatentCache, *, positions: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        cache: LatentCache,
+        *,
+        positions: Tensor | None = None,
+        logits_index: Tensor | None = None,
     ) -> CausalLMOutput:
         """Absorbed MLA (the two BMMs, with the layer's BMM scheme) for T >= 1 new tokens."""
-        return self(input_ids, cache, path=AttnPath.ABSORBED, positions=positions)
+        return self(input_ids, cache, path=AttnPath.ABSORBED, positions=positions, logits_index=logits_index)
 
     @torch.no_grad()
     def mtp_step(
@@ -169,11 +183,13 @@ class DeepseekForCausalLM(nn.Module):
         step: int = 0,
         path: AttnPath = AttnPath.ABSORBED,
         positions: Tensor | None = None,
+        logits_index: Tensor | None = None,
     ) -> CausalLMOutput:
         """MTP layer ``step % num_mtp_layers``: tokens (B, T) following the tokens whose hidden states
         (B, T, H) are given, at the positions after that MTP layer's cached ones. Returns the logits of
         the token after each input token and the MTP hidden state (feed it back to chain drafts).
-        ``positions`` (B, T): the hidden states' positions (default: after each row's cached ones)."""
+        ``positions`` (B, T): the hidden states' positions (default: after each row's cached ones);
+        ``logits_index`` as in ``forward``."""
         if self.num_mtp_layers == 0:
             raise ValueError(
                 "this model has no MTP layer loaded (num_nextn_predict_layers = 0 or no weights)"
@@ -186,6 +202,6 @@ class DeepseekForCausalLM(nn.Module):
             )
         where = self.step_positions(input_ids, cache, layer.layer, positions)
         logits, y = layer.predict(
-            input_ids, hidden, where, cache, path, self.model.embed_tokens, self.lm_head
+            input_ids, hidden, where, cache, path, self.model.embed_tokens, self.lm_head, logits_index
         )
         return CausalLMOutput(logits, y)

@@ -69,14 +69,25 @@ class MTPLayer(DecoderLayer):
         path: AttnPath,
         main_embed: nn.Embedding,
         main_head: nn.Linear,
+        logits_index: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """input_ids (B, T) = the tokens after those whose hidden states (B, T, H) are given, at the
-        hidden states' positions ``step`` -> (logits (B, T, vocab) fp32, output hidden (B, T, H))."""
+        hidden states' positions ``step`` -> (logits (B, T, vocab) fp32, output hidden (B, T, H)).
+        With ``logits_index`` (B,), logits only at that position of each row: (B, 1, vocab)."""
         embed = self.embed_tokens if self.embed_tokens is not None else main_embed
         head = self.shared_head.head if self.shared_head.head is not None else main_head
         e = self.enorm(embed(input_ids))  # (B, T, H)
         h = self.hnorm(hidden.to(e.dtype))  # (B, T, H)
         x = self.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
         y, _, _ = self(x, step.positions, cache, path, step=step)
-        logits = head(self.shared_head.norm(y)).float()
+        logits = head(self.shared_head.norm(select_rows(y, logits_index))).float()
         return logits, y
+
+
+def select_rows(x: Tensor, index: Tensor | None) -> Tensor:
+    """x (B, T, H) -> x[b, index[b]] as (B, 1, H); all of x when ``index`` is None."""
+    if index is None:
+        return x
+    if tuple(index.shape) != (x.shape[0],):
+        raise ValueError(f"logits_index must have shape (B,) = ({x.shape[0]},), got {tuple(index.shape)}")
+    return x[torch.arange(x.shape[0], device=x.device), index.to(x.device)][:, None]
