@@ -55,7 +55,8 @@ class _Slot:
 
 class ModelCache:
     """Latent caches of one batch, by layer index, in buffers that grow by doubling (amortized O(1)
-    copies per token). ``get`` returns views of the first ``length(layer)`` positions."""
+    copies per token). ``get`` returns views of the first ``length(layer)`` positions: later calls
+    write into the same buffers (clone what you want to keep)."""
 
     def __init__(self) -> None:
         self._layers: dict[int, _Slot] = {}
