@@ -22,6 +22,7 @@ class BatchSlots:
     slots: Tensor  # (B, S_max) int64; padded positions point at slot 0 and are masked
     lengths: Tensor  # (B,) int64, cached tokens per sequence
     padded: bool = True  # False when every sequence has S_max tokens (nothing to mask)
+    first_slot: int | None = None  # one sequence whose S_max slots are consecutive from here, else None
 
     @property
     def mask(self) -> Tensor:
@@ -148,4 +149,9 @@ class BlockManager:
         padded = any(n != s_max for n in lens)
         if padded:
             slots = slots.masked_fill(pos[None, :] >= lengths_t[:, None], 0)
-        return BatchSlots(slots, lengths_t, padded)
+        first = None
+        if len(tables) == 1 and s_max:  # a lone sequence in consecutive blocks reads as one slice
+            blocks = tables[0][: self.blocks_needed(s_max)]
+            if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+                first = blocks[0] * self.block_size
+        return BatchSlots(slots, lengths_t, padded, first)

@@ -156,10 +156,15 @@ class LatentKVCache:
 
     def gather_layers(self, num_layers: int, batch: BatchSlots) -> Sequence[Tensor]:
         """Layers 0..num_layers-1 at once: (num_layers, B, S_max, width), zeros past each length (one
-        gather for all layers when none has indexer columns)."""
+        gather for all layers when none has indexer columns). May be a view of the storage: read it
+        before the next write."""
         c = self.config
         if any(c.extra_dims[:num_layers]):
             return [self.gather(layer, batch)[0] for layer in range(num_layers)]
+        if batch.first_slot is not None and c.kv_cache_dtype is KVCacheDtype.AUTO:
+            # one sequence in consecutive slots: a view, no copy of its history (read-only use)
+            s = batch.slots.shape[1]
+            return self.data[:num_layers, None, batch.first_slot : batch.first_slot + s]  # (n, 1, S, L+R)
         stored = self.data[:num_layers, batch.slots]  # (n, B, S_max, L+R)
         if c.kv_cache_dtype is KVCacheDtype.FP8_E4M3:
             stored = dequantize_fp8_e4m3(stored, c.scale, c.dtype)
