@@ -19,15 +19,6 @@ from mlaq.engine.spec_metrics import SpecDecodingStats
 V, H, L, R = 40, 24, 10, 6
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: with 2 threads on a shared machine, thread wake-ups dominate the run time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class ToyLM:
     """A causal LM over a per-layer latent cache, float64 (so cached and recomputed agree to the bit
     in argmax). The next token is mostly a fixed function of the current one (``table``) plus an

@@ -14,14 +14,6 @@ from model_helpers import add_mtp_layer, hf_checkpoint
 OFF = Settings(fp8bmm=False, fp4bmm=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     pytest.importorskip("transformers")
