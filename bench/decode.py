@@ -59,7 +59,11 @@ def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
 def bench_mlaq(path: Path, batch: int, args: argparse.Namespace, k: int) -> tuple[float, str]:
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
     llm = LLM(
-        path, max_model_len=args.prompt_len + args.new_tokens + 8, max_num_seqs=batch, speculative_config=spec
+        path,
+        dtype=torch.float32,  # as transformers below, whatever the checkpoint stores
+        max_model_len=args.prompt_len + args.new_tokens + 8,
+        max_num_seqs=batch,
+        speculative_config=spec,
     )
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     ps = [{"prompt_token_ids": p} for p in prompts(batch, args.prompt_len, llm.engine.model.vocab_size)]

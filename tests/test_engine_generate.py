@@ -19,15 +19,6 @@ from mlaq.engine.spec_metrics import SpecDecodingStats
 V, H, L, R = 40, 24, 10, 6
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: with 2 threads on a shared machine, thread wake-ups dominate the run time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class ToyLM:
     """A causal LM over a per-layer latent cache, float64 (so cached and recomputed agree to the bit
     in argmax). The next token is mostly a fixed function of the current one (``table``) plus an
@@ -70,11 +61,20 @@ class ToyLM:
         attn = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
         return x + (attn @ keys) @ w_o, latent
 
-    def _logits(self, ids: Tensor, x: Tensor) -> Tensor:
-        return self.table[ids] + self.context * torch.tanh(x @ self.embed.T)
+    def _logits(self, ids: Tensor, x: Tensor, index: Tensor | None = None) -> Tensor:
+        if index is not None:  # only each row's position index[b]: (B, 1, ...)
+            rows = torch.arange(ids.shape[0])
+            ids, x = ids[rows, index][:, None], x[rows, index][:, None]
+        return (self.table[ids] + self.context * torch.tanh(x @ self.embed.T)).float()
 
     def forward(
-        self, input_ids: Tensor, positions: Tensor, past: Sequence[Tensor], *, prefill: bool
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        past: Sequence[Tensor],
+        *,
+        prefill: bool,
+        logits_index: Tensor | None = None,
     ) -> LMOutput:
         self.calls.append(("prefill" if prefill else "decode", tuple(input_ids.shape)))
         x = self.embed[input_ids]
@@ -82,15 +82,22 @@ class ToyLM:
         for i, p in enumerate(past):
             x, e = self._attend(i, x, positions, p)
             entries.append(e)
-        return LMOutput(self._logits(input_ids, x).float(), x, tuple(entries))
+        return LMOutput(self._logits(input_ids, x, logits_index), x, tuple(entries))
 
     def mtp(
-        self, input_ids: Tensor, hidden: Tensor, positions: Tensor, past: Tensor, *, step: int
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        past: Tensor,
+        *,
+        step: int,
+        logits_index: Tensor | None = None,
     ) -> LMOutput:
         self.calls.append(("mtp", tuple(input_ids.shape)))
         x = torch.tanh(torch.cat([self.embed[input_ids], hidden], dim=-1) @ self.mtp_in)
         x, e = self._attend(len(self.layers) - 1, x, positions, past)
-        return LMOutput(self._logits(input_ids, x).float(), x, (e,))
+        return LMOutput(self._logits(input_ids, x, logits_index), x, (e,))
 
     def greedy_reference(self, prompt: list[int], n: int) -> list[int]:
         """Greedy decoding by full recompute of the whole sequence each step (no cache at all)."""

@@ -208,3 +208,23 @@ def test_fp8_with_scale_one_hurts_tiny_latents_and_a_scale_fixes_it():
         rel[scale] = float((back - tiny).norm() / tiny.norm())
     assert rel[1.0] > 0.1, rel  # subnormal steps of 2^-9: a gross error
     assert rel[1e-3] < 0.035, rel
+
+
+def test_lone_sequence_in_consecutive_blocks_reads_as_a_view():
+    """The zero-copy read of one sequence equals the gather; scattered blocks fall back to it."""
+    L, R = 8, 4
+    bm = BlockManager(8, 4, 32)
+    cache = LatentKVCache(LatentCacheConfig(2, L, R, 8, 4, torch.float32))
+    cache.data.normal_()
+    bm.grow("a", 10)  # blocks 0, 1, 2
+    batch = bm.batch_slots(["a"])
+    assert batch.first_slot == 0
+    view = cache.gather_layers(2, batch)
+    assert view.data_ptr() == cache.data.data_ptr()
+    gathered = torch.stack([cache.gather(layer, batch)[0] for layer in range(2)])
+    assert torch.equal(view, gathered)
+    bm.grow("b", 4)  # block 3
+    bm.grow("a", 13)  # block 4: "a" is now [0, 1, 2, 4]
+    assert bm.batch_slots(["a"]).first_slot is None
+    assert bm.batch_slots(["a"], [12]).first_slot == 0  # its first 12 tokens are still consecutive
+    assert bm.batch_slots(["a", "b"]).first_slot is None

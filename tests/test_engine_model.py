@@ -16,14 +16,6 @@ PROMPTS = [[5, 17, 3, 88, 41, 9, 30], [12], [7, 7, 60, 2, 95, 14, 33, 21, 8, 40,
 MAX_TOKENS = 10
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module", params=["deepseek_v3", "glm_moe_dsa"])
 def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)

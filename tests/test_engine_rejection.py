@@ -6,25 +6,9 @@ import pytest
 import torch
 
 from mlaq.engine.rejection import rejection_sample
+from stats_helpers import chi_square
 
 V = 6  # small vocabulary: every cell of the chi-square test gets hundreds of counts
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Thousands of tiny softmaxes: with 2 threads on a shared machine, thread wake-ups dominate."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's statistic of observed counts against expected probabilities (cells with p > 0)."""
-    expected = probs.double() * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "a zero-probability token was emitted"
-    return float(((counts[keep].double() - expected[keep]) ** 2 / expected[keep]).sum())
 
 
 def logits_with_argmax(ids: list[int], vocab: int = V) -> torch.Tensor:

@@ -9,23 +9,7 @@ import torch
 
 from mlaq.engine.sampler import draw, processed_logits, sample
 from mlaq.engine.sampling_params import SamplingParams, as_params_list
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Thousands of tiny softmaxes: with 2 threads on a shared machine, thread wake-ups dominate."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's statistic of observed counts against expected probabilities (cells with p > 0)."""
-    expected = probs.double() * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "a zero-probability token was drawn"
-    return float(((counts[keep].double() - expected[keep]) ** 2 / expected[keep]).sum())
+from stats_helpers import chi_square
 
 
 def kept(params: SamplingParams, probs: list[float]) -> set[int]:

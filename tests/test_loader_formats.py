@@ -22,14 +22,6 @@ from quant_helpers import quantize_checkpoint
 OFF = Settings(fp8bmm=False, fp4bmm=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _weights(model) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items()}
 

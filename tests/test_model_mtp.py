@@ -17,14 +17,6 @@ from model_helpers import add_mtp_layer, fused_experts, hf_checkpoint, read_tens
 OFF = Settings(fp8bmm=False, fp4bmm=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 

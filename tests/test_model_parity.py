@@ -18,15 +18,6 @@ TOL = 1e-4
 OFF = Settings(fp8bmm=False, fp4bmm=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matmuls: thread start-up dominates on a shared 2-core machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a - ref).abs().max() / ref.abs().max())
 

@@ -14,14 +14,6 @@ from model_helpers import add_mtp_layer, edit_config, hf_checkpoint
 from quant_helpers import quantize_checkpoint
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _schemes(model) -> list[tuple[str, str]]:
     out = []
     for d in model.bmm_decisions:

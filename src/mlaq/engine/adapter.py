@@ -1,10 +1,8 @@
 """mlaq's DeepSeek-family models behind the engine's ``LatentLM`` contract, and checkpoint loading.
 
-``DeepseekForCausalLM.forward`` places every row of a batch at the same positions (its
-``ModelCache`` is unpaged); the engine batches sequences of different lengths, so this adapter
-runs the model's own modules (embed_tokens, decoder layers with their DSA key-mask hand-over,
-norm, lm_head; ``MTPLayer.predict``) with per-row positions. The decoder layers already write new
-entries at their positions and mask keys causally by position, which is what the contract needs.
+The adapter calls the model's own forward / ``mtp_step`` with per-row positions and a
+:class:`GatheredCache`: the engine's gathered latents of the call, into which each layer writes its
+new entries (and from which the engine then stores them in its paged cache).
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from torch import Tensor
 
 from mlaq.engine.model_api import CacheGeometry, LatentLM, LMOutput
 from mlaq.engine.tokenizer import Tokenizer
-from mlaq.model import AttnPath, DeepseekForCausalLM, LayerCache, load_model
+from mlaq.model import AttnPath, DeepseekForCausalLM, load_model
+from mlaq.model.step import StepPositions
 
 
 class DeepseekLatentLM:
@@ -31,6 +30,7 @@ class DeepseekLatentLM:
         for layer in model.model.layers:
             indexer = layer.indexer
             extra.append(indexer.cfg.head_dim if indexer is not None else 0)
+        self._latent_width = mla.kv_lora_rank + mla.qk_rope_head_dim
         self._geometry = CacheGeometry(
             model.config.num_hidden_layers,
             model.num_mtp_layers,
@@ -48,53 +48,67 @@ class DeepseekLatentLM:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    def _layer_cache(self, layer: int, past: Tensor) -> LayerCache | None:
-        if past.shape[1] == 0:
-            return None
-        width = self._geometry.kv_lora_rank + self._geometry.qk_rope_head_dim
-        index_keys = past[:, :, width:] if self._geometry.extra_dim(layer) else None
-        return LayerCache(past[:, :, :width], index_keys)
-
-    @staticmethod
-    def _new_entries(cache: LayerCache, positions: Tensor) -> Tensor:
-        """The new tokens' entries out of a position-indexed LayerCache: (B, T, L+R [+ D])."""
-        parts = [cache.latent] if cache.index_keys is None else [cache.latent, cache.index_keys]
-        idx = positions[:, :, None]  # (B, T, 1)
-        return torch.cat([p.gather(1, idx.expand(-1, -1, p.shape[-1])) for p in parts], dim=-1)
-
     @torch.no_grad()
     def forward(
-        self, input_ids: Tensor, positions: Tensor, past: Sequence[Tensor], *, prefill: bool
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        past: Sequence[Tensor],
+        *,
+        prefill: bool,
+        logits_index: Tensor | None = None,
     ) -> LMOutput:
-        m = self.model
+        cache = GatheredCache(past, self._latent_width, first_layer=0)
         path = AttnPath.NAIVE if prefill else AttnPath.ABSORBED
-        x = m.model.embed_tokens(input_ids)  # (B, T, H)
-        key_mask = None  # the last full DSA layer's selection, reused by `shared` layers
-        entries = []
-        for i, layer in enumerate(m.model.layers[: m.config.num_hidden_layers]):
-            x, cache, mask = layer(x, positions, self._layer_cache(i, past[i]), path, key_mask)
-            key_mask = mask if mask is not None else key_mask
-            entries.append(self._new_entries(cache, positions))
-        hidden = m.model.norm(x)
-        return LMOutput(m.lm_head(hidden).float(), hidden, tuple(entries))
+        out = self.model(input_ids, cache, path=path, positions=positions, logits_index=logits_index)
+        return LMOutput(out.logits, out.hidden, tuple(cache.entries))
 
     @torch.no_grad()
     def mtp(
-        self, input_ids: Tensor, hidden: Tensor, positions: Tensor, past: Tensor, *, step: int
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        past: Tensor,
+        *,
+        step: int,
+        logits_index: Tensor | None = None,
     ) -> LMOutput:
         m = self.model
         index = m.config.num_hidden_layers + step % m.num_mtp_layers
-        layer = m.model.layers[index]
-        logits, y, cache = layer.predict(
-            input_ids,
-            hidden,
-            positions,
-            self._layer_cache(index, past),
-            AttnPath.ABSORBED,
-            m.model.embed_tokens,
-            m.lm_head,
-        )
-        return LMOutput(logits, y, (self._new_entries(cache, positions),))
+        cache = GatheredCache([past], self._latent_width, first_layer=index)
+        out = m.mtp_step(input_ids, hidden, cache, step=step, positions=positions, logits_index=logits_index)
+        return LMOutput(out.logits, out.hidden, tuple(cache.entries))
+
+
+class GatheredCache:
+    """A ``LatentCache`` over one engine call: ``past[i]`` (B, S, L+R [+ D]) holds layer
+    ``first_layer + i``'s cached entries of each row (real below the row's start position). Each
+    ``update`` appends the layer's new entries (B, T, L+R [+ D]) to ``entries``."""
+
+    def __init__(self, past: Sequence[Tensor], latent_width: int, *, first_layer: int) -> None:
+        self.past = past
+        self.width = latent_width  # L + R; DSA indexer keys ride along after it
+        self.first_layer = first_layer
+        self.entries: list[Tensor] = []
+
+    def update(
+        self, layer: int, step: StepPositions, latent: Tensor, index_keys: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        entry = latent if index_keys is None else torch.cat((latent, index_keys), dim=-1)  # (B, T, E)
+        self.entries.append(entry)
+        past = self.past[layer - self.first_layer]  # (B, S, E)
+        b, s, e = past.shape
+        if step.uniform and step.starts[0] == s:  # every row continues at S: append
+            keys = torch.cat((past, entry), dim=1) if s else entry  # (B, K, E)
+        else:  # rows at different positions: write each row's entries at its own positions
+            keys = entry.new_zeros(b, step.num_keys, e)
+            n = min(s, step.num_keys)
+            keys[:, :n] = past[:, :n]
+            keys.scatter_(1, step.positions[:, :, None].expand(-1, -1, e), entry)
+        if index_keys is None:
+            return keys, None
+        return keys[..., : self.width], keys[..., self.width :]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ class BatchSlots:
 
     slots: Tensor  # (B, S_max) int64; padded positions point at slot 0 and are masked
     lengths: Tensor  # (B,) int64, cached tokens per sequence
+    padded: bool = True  # False when every sequence has S_max tokens (nothing to mask)
+    first_slot: int | None = None  # one sequence whose S_max slots are consecutive from here, else None
 
     @property
     def mask(self) -> Tensor:
@@ -115,14 +117,21 @@ class BlockManager:
 
     def slot_mapping(self, seq_id: Hashable, start: int, end: int) -> Tensor:
         """(end - start,) int64 slots of token positions [start, end) of ``seq_id``."""
+        return torch.tensor(self._slots(seq_id, start, end), dtype=torch.int64)
+
+    def slots_of(self, spans: Sequence[tuple[Hashable, int, int]]) -> Tensor:
+        """Slots of several (seq_id, start, end) spans, concatenated: (sum of end - start,) int64."""
+        return torch.tensor([slot for span in spans for slot in self._slots(*span)], dtype=torch.int64)
+
+    def _slots(self, seq_id: Hashable, start: int, end: int) -> list[int]:
         if not 0 <= start <= end <= self.num_tokens(seq_id):
             raise ValueError(
                 f"positions [{start}, {end}) are outside sequence {seq_id!r} of "
                 f"{self.num_tokens(seq_id)} slots; grow it first"
             )
-        pos = torch.arange(start, end)  # (T,)
-        table = torch.tensor(self._tables[seq_id], dtype=torch.int64)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+        table, size = self._tables[seq_id], self.block_size
+        # plain ints: a decode step maps one position per sequence, cheaper than tensor arithmetic
+        return [table[pos // size] * size + pos % size for pos in range(start, end)]
 
     def batch_slots(self, seq_ids: Sequence[Hashable], lengths: Sequence[int] | None = None) -> BatchSlots:
         """Slots of the first ``lengths[i]`` tokens (default: all) of each sequence, padded to S_max."""
@@ -132,12 +141,17 @@ class BlockManager:
                 raise ValueError(f"sequence {s!r} has {self.num_tokens(s)} slots, asked for {n}")
         s_max = max(lens, default=0)
         max_blocks = max(self.blocks_needed(s_max), 1)
-        tables = torch.zeros(len(lens), max_blocks, dtype=torch.int64)  # (B, max_blocks)
-        for row, s in enumerate(seq_ids):
-            t = self._tables[s][:max_blocks]
-            tables[row, : len(t)] = torch.tensor(t, dtype=torch.int64)
+        tables = [(self._tables[s][:max_blocks] + [0] * max_blocks)[:max_blocks] for s in seq_ids]
+        tables_t = torch.tensor(tables, dtype=torch.int64).view(len(lens), max_blocks)  # (B, max_blocks)
         pos = torch.arange(s_max)  # (S_max,)
-        slots = tables[:, pos // self.block_size] * self.block_size + pos % self.block_size  # (B, S_max)
+        slots = tables_t[:, pos // self.block_size] * self.block_size + pos % self.block_size  # (B, S_max)
         lengths_t = torch.tensor(lens, dtype=torch.int64)
-        slots = slots.masked_fill(pos[None, :] >= lengths_t[:, None], 0)
-        return BatchSlots(slots, lengths_t)
+        padded = any(n != s_max for n in lens)
+        if padded:
+            slots = slots.masked_fill(pos[None, :] >= lengths_t[:, None], 0)
+        first = None
+        if len(tables) == 1 and s_max:  # a lone sequence in consecutive blocks reads as one slice
+            blocks = tables[0][: self.blocks_needed(s_max)]
+            if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+                first = blocks[0] * self.block_size
+        return BatchSlots(slots, lengths_t, padded, first)

@@ -164,9 +164,8 @@ class LLMEngine:
     def _prefill(self, reqs: list[Request]) -> None:
         seqs = [r.seq for r in reqs]
         tokens = [s.all_token_ids for s in seqs]  # prompt (+ outputs after a preemption)
-        out = self.runner.forward(seqs, tokens, prefill=True)
-        last = torch.tensor([len(t) - 1 for t in tokens])
-        logits = out.logits[torch.arange(len(seqs)), last]  # (B, V)
+        out = self.runner.forward(seqs, tokens, prefill=True, last_only=True)
+        logits = out.logits[:, -1]  # (B, V): each prompt's last token
         for row, (r, s) in enumerate(zip(reqs, seqs, strict=True)):
             s.num_cached = s.num_tokens
             r.pending_hidden = out.hidden[row, : len(tokens[row])] if self.k else None
@@ -181,9 +180,9 @@ class LLMEngine:
 
     def _sample_and_emit(self, reqs: list[Request], logits: Tensor) -> None:
         params = [r.seq.params for r in reqs]
-        chosen = sample(logits, params, [r.seq.generator for r in reqs]).token_ids
+        chosen = sample(logits, params, [r.seq.generator for r in reqs]).token_ids.tolist()
         for row, r in enumerate(reqs):
-            self._emit(r, [int(chosen[row])], logits[row : row + 1])
+            self._emit(r, [chosen[row]], logits[row : row + 1])
 
     def _speculate(self, reqs: list[Request]) -> None:
         drafts = self._propose(reqs)
@@ -194,7 +193,8 @@ class LLMEngine:
         for row, (r, d) in enumerate(zip(reqs, drafts, strict=True)):
             s, k = r.seq, len(d)
             rows = out.logits[row, : k + 1]  # (k+1, V): the target at the last token and each draft
-            target = processed_logits(rows, [s.params] * (k + 1))
+            # greedy rows: processed_logits would only divide by temperature 1 (exact), so skip it
+            target = rows if s.params.greedy else processed_logits(rows, [s.params] * (k + 1))
             emitted = rejection_sample(
                 torch.tensor(d, dtype=torch.int64),
                 target,
@@ -222,15 +222,15 @@ class LLMEngine:
         hidden = [reqs[i].pending_hidden for i in active]
         starts = [s.num_cached - h.shape[0] for s, h in zip(seqs, hidden, strict=True)]
         tokens = [s.all_token_ids[st + 1 : s.num_cached + 1] for s, st in zip(seqs, starts, strict=True)]
-        out = self.runner.mtp(seqs, tokens, hidden, starts)
+        out = self.runner.mtp(seqs, tokens, hidden, starts, last_only=True)
         last = torch.tensor([len(t) - 1 for t in tokens])
         rows = torch.arange(len(active))
-        logits, h = out.logits[rows, last], out.hidden[rows, last]  # (A, V), (A, H)
+        logits, h = out.logits[:, -1], out.hidden[rows, last]  # (A, V), (A, H): each row's last token
         for i in active:
             reqs[i].pending_hidden = None  # the MTP cache has seen them now
         for j in range(self.k):
-            for a, i in enumerate(active):
-                drafts[i].append(int(logits[a].argmax()))  # MTP drafts greedily, as vLLM's proposer
+            for a, token in enumerate(logits.argmax(dim=-1).tolist()):
+                drafts[active[a]].append(token)  # MTP drafts greedily, as vLLM's proposer
             # Chain: the MTP layer at position N-1+j reads its own hidden state and draft j+1.
             chain = [a for a, i in enumerate(active) if ks[i] > j + 1]
             if not chain:

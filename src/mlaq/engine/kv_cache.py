@@ -22,6 +22,7 @@ the model dtype whatever ``kv_cache_dtype`` says (mlaq does not emulate vLLM's f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -152,6 +153,37 @@ class LatentKVCache:
         latents = self.read(layer, batch.slots)  # (B, S_max, width)
         latents = latents.masked_fill(~batch.mask[..., None], 0)
         return latents, batch.lengths
+
+    def gather_layers(self, num_layers: int, batch: BatchSlots) -> Sequence[Tensor]:
+        """Layers 0..num_layers-1 at once: (num_layers, B, S_max, width), zeros past each length (one
+        gather for all layers when none has indexer columns). May be a view of the storage: read it
+        before the next write."""
+        c = self.config
+        if any(c.extra_dims[:num_layers]):
+            return [self.gather(layer, batch)[0] for layer in range(num_layers)]
+        if batch.first_slot is not None and c.kv_cache_dtype is KVCacheDtype.AUTO:
+            # one sequence in consecutive slots: a view, no copy of its history (read-only use)
+            s = batch.slots.shape[1]
+            return self.data[:num_layers, None, batch.first_slot : batch.first_slot + s]  # (n, 1, S, L+R)
+        stored = self.data[:num_layers, batch.slots]  # (n, B, S_max, L+R)
+        if c.kv_cache_dtype is KVCacheDtype.FP8_E4M3:
+            stored = dequantize_fp8_e4m3(stored, c.scale, c.dtype)
+        return stored.masked_fill(~batch.mask[None, :, :, None], 0) if batch.padded else stored
+
+    def write_layers(self, slots: Tensor, entries: Sequence[Tensor]) -> None:
+        """Layer i of ``entries`` (T, width_i) at ``slots`` (T,), for layers 0..len(entries)-1."""
+        c = self.config
+        if any(c.extra_dims[: len(entries)]) or c.kv_cache_dtype is not KVCacheDtype.AUTO:
+            for layer, entry in enumerate(entries):
+                self.write(layer, slots, entry)
+            return
+        stacked = torch.stack(tuple(entries))  # (n, T, L+R)
+        if stacked.shape[1:] != (slots.shape[0], c.entry_size):
+            raise ValueError(
+                f"cache write of shape {tuple(stacked.shape)} at {slots.shape[0]} slots; "
+                f"expected (layers, T, L + R = {c.entry_size})"
+            )
+        self.data[: len(entries), slots] = stacked.to(c.dtype)
 
     def split(self, latents: Tensor) -> tuple[Tensor, Tensor]:
         """(..., L + R [+ extra]) -> c_kv (..., L), k_pe (..., R)."""

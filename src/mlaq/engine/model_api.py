@@ -58,19 +58,35 @@ class LatentLM(Protocol):
     def vocab_size(self) -> int: ...
 
     def forward(
-        self, input_ids: Tensor, positions: Tensor, past: Sequence[Tensor], *, prefill: bool
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        past: Sequence[Tensor],
+        *,
+        prefill: bool,
+        logits_index: Tensor | None = None,
     ) -> LMOutput:
         """Main layers over input_ids (B, T) at positions (B, T); past[i]: (B, S, L+R) of layer i.
 
         prefill=True runs MLA's naive path (prompts), False the absorbed path (decode, verification).
-        ``entries`` has one tensor per main layer.
+        ``entries`` has one tensor per main layer. ``logits_index`` (B,): compute logits only at
+        position ``logits_index[b]`` of row b, (B, 1, vocab) (a prompt needs its last token's only);
+        ``hidden`` and ``entries`` stay complete.
         """
         ...
 
     def mtp(
-        self, input_ids: Tensor, hidden: Tensor, positions: Tensor, past: Tensor, *, step: int
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        past: Tensor,
+        *,
+        step: int,
+        logits_index: Tensor | None = None,
     ) -> LMOutput:
         """MTP layer ``step``: input_ids (B, T) are the tokens after those whose hidden states (B, T, H)
         are given, at those hidden states' positions (B, T); past: (B, S, L+R) of that MTP layer.
-        Logits predict the token after each input token; ``entries`` has one tensor."""
+        Logits predict the token after each input token (only at ``logits_index``, as in
+        ``forward``); ``entries`` has one tensor."""
         ...

@@ -32,10 +32,9 @@ class ModelRunner:
 
     def _inputs(self, token_lists: Sequence[Sequence[int]], starts: Sequence[int]) -> tuple[Tensor, Tensor]:
         t = max(len(tokens) for tokens in token_lists)
-        ids = torch.zeros(len(token_lists), t, dtype=torch.int64)  # (B, T), right-padded
-        for row, tokens in enumerate(token_lists):
-            ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-            ids[row, len(tokens) :] = tokens[-1]  # a real token id: padding outputs are discarded
+        # right-padded with each row's last token (a real id: padding outputs are discarded)
+        rows = [list(tokens) + [tokens[-1]] * (t - len(tokens)) for tokens in token_lists]
+        ids = torch.tensor(rows, dtype=torch.int64)  # (B, T)
         positions = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(t)[None, :]  # (B, T)
         return ids, positions
 
@@ -47,27 +46,39 @@ class ModelRunner:
         lengths: Sequence[int],
         starts: Sequence[int],
     ) -> None:
-        slots = torch.cat(
-            [
-                self.blocks.slot_mapping(s.seq_id, st, st + n)
-                for s, st, n in zip(seqs, starts, lengths, strict=True)
-            ]
-        )  # (sum T_b,)
-        t = entries[0].shape[1]
-        real = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
-        for layer, entry in zip(layers, entries, strict=True):
-            self.cache.write(layer, slots, entry[real])  # (B, T, E)[real] -> (sum T_b, E), row-major
+        spans = [(s.seq_id, st, st + n) for s, st, n in zip(seqs, starts, lengths, strict=True)]
+        slots = self.blocks.slots_of(spans)  # (sum T_b,)
+        b, t = entries[0].shape[:2]
+        if all(n == t for n in lengths):  # no padding: (B, T, E) -> (B*T, E), row-major
+            real = [entry.reshape(b * t, -1) for entry in entries]
+        else:
+            mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+            real = [entry[mask] for entry in entries]  # (B, T, E)[mask] -> (sum T_b, E), row-major
+        if list(layers) == list(range(len(entries))):
+            self.cache.write_layers(slots, real)
+            return
+        for layer, entry in zip(layers, real, strict=True):
+            self.cache.write(layer, slots, entry)
 
     def forward(
-        self, seqs: Sequence[Seq], token_lists: Sequence[Sequence[int]], *, prefill: bool
+        self,
+        seqs: Sequence[Seq],
+        token_lists: Sequence[Sequence[int]],
+        *,
+        prefill: bool,
+        last_only: bool = False,
     ) -> LMOutput:
-        """Main model over ``token_lists[b]``, placed after each sequence's ``num_cached`` tokens."""
+        """Main model over ``token_lists[b]``, placed after each sequence's ``num_cached`` tokens.
+
+        ``last_only``: logits of each row's last token only, (B, 1, vocab)."""
         starts = [s.num_cached for s in seqs]
         ids, positions = self._inputs(token_lists, starts)
         batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
         layers = range(self.model.geometry.num_layers)
-        past = [self.cache.gather(layer, batch)[0] for layer in layers]  # (B, S_max, L+R) each
-        out = self.model.forward(ids, positions, past, prefill=prefill)
+        past = self.cache.gather_layers(len(layers), batch)  # (B, S_max, L+R) per layer
+        out = self.model.forward(
+            ids, positions, past, prefill=prefill, logits_index=_last_index(token_lists, last_only)
+        )
         self._store(seqs, layers, out.entries, [len(t) for t in token_lists], starts)
         return out
 
@@ -77,20 +88,34 @@ class ModelRunner:
         token_lists: Sequence[Sequence[int]],
         hidden: Sequence[Tensor],
         starts: Sequence[int],
+        *,
+        last_only: bool = False,
     ) -> LMOutput:
         """The MTP layer over ``token_lists[b]`` at positions ``starts[b]...`` with ``hidden[b]`` (T_b, H).
 
         Always the first MTP layer: checkpoints of this family ship one (``num_nextn_predict_layers``
-        = 1) and chain it k times, as vLLM does.
+        = 1) and chain it k times, as vLLM does. ``last_only`` as in ``forward``.
         """
         ids, positions = self._inputs(token_lists, starts)
         t = ids.shape[1]
-        h = torch.zeros(len(seqs), t, hidden[0].shape[-1], dtype=hidden[0].dtype)  # (B, T, H)
-        for row, x in enumerate(hidden):
-            h[row, : x.shape[0]] = x
+        if all(x.shape[0] == t for x in hidden):
+            h = torch.stack(tuple(hidden))  # (B, T, H)
+        else:
+            h = torch.zeros(len(seqs), t, hidden[0].shape[-1], dtype=hidden[0].dtype)  # (B, T, H)
+            for row, x in enumerate(hidden):
+                h[row, : x.shape[0]] = x
         layer = self.model.geometry.num_layers  # the MTP layer's cache index
         batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
         past = self.cache.gather(layer, batch)[0]
-        out = self.model.mtp(ids, h, positions, past, step=0)
+        out = self.model.mtp(
+            ids, h, positions, past, step=0, logits_index=_last_index(token_lists, last_only)
+        )
         self._store(seqs, [layer], out.entries, [len(x) for x in token_lists], starts)
         return out
+
+
+def _last_index(token_lists: Sequence[Sequence[int]], last_only: bool) -> Tensor | None:
+    """(B,) index of each row's last real token, or None (all logits; also when T = 1 anyway)."""
+    if not last_only or max(len(tokens) for tokens in token_lists) == 1:
+        return None
+    return torch.tensor([len(tokens) - 1 for tokens in token_lists], dtype=torch.int64)

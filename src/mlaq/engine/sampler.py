@@ -97,12 +97,14 @@ def sample(
     if len(generators) != len(params):
         raise ValueError(f"got {len(generators)} generators for {len(params)} rows; pass one per row")
     raw = logits.float()  # (B, V)
-    x = processed_logits(raw, params)
-    probs = torch.softmax(x, dim=-1)  # (B, V)
     chosen = raw.argmax(dim=-1)  # (B,) greedy rows keep this
-    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-        if not p.greedy:
-            chosen[row] = draw(probs[row], gen)
+    if not all(p.greedy for p in params):  # an all-greedy batch needs no processed distribution
+        probs = torch.softmax(processed_logits(raw, params), dim=-1)  # (B, V)
+        for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
+            if not p.greedy:
+                chosen[row] = draw(probs[row], gen)
+    else:
+        _check_batch(raw, params)
 
     logprobs = torch.log_softmax(raw, dim=-1)  # raw_logprobs, vLLM's default
     chosen_logprobs = logprobs.gather(1, chosen[:, None])[:, 0]  # (B,)

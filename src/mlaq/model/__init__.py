@@ -8,6 +8,7 @@ Public API::
     out = model.prefill(ids, cache)                # (B, T) ids -> out.logits (B, T, V), out.hidden
     out = model.decode(next_ids, cache)            # absorbed MLA over the latent cache, T >= 1
     draft = model.mtp_step(next_ids, out.hidden, cache)  # MTP logits for the token after next
+    out = model.decode(ids, cache, positions=pos)  # per-row positions (B, T): rows of different lengths
 """
 
 from mlaq.model.cache import LayerCache, ModelCache

@@ -9,15 +9,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mlaq.model.cache import LayerCache
+from mlaq.model.cache import LatentCache
 from mlaq.model.config import ModelConfig
 from mlaq.model.dsa import Indexer
 from mlaq.model.mla import AttnPath, MLAttention
 from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mla_core import assemble_keys, attention_mask
 from mlaq.model.moe import DenseMLP, MoE
 from mlaq.model.norm import RMSNorm
 from mlaq.model.registry import IndexerKind, MlpKind
+from mlaq.model.rope import RopeTable
+from mlaq.model.step import StepPositions, from_positions
 
 
 class DecoderLayer(nn.Module):
@@ -58,48 +59,50 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         positions: Tensor,
-        cache: LayerCache | None,
+        cache: LatentCache,
         path: AttnPath,
         shared_key_mask: Tensor | None = None,
-    ) -> tuple[Tensor, LayerCache, Tensor | None]:
-        """x (B, T, H) at positions (B, T) -> (output (B, T, H), the layer's updated cache, DSA key mask).
+        *,
+        step: StepPositions | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """x (B, T, H) at positions (B, T) -> (output (B, T, H), the new cache entries (B, T, L+R),
+        this layer's DSA key mask or None).
 
+        The layer writes its new entries through ``cache.update``. ``step``: the positions' RoPE
+        angles and causal mask, computed once per call by the model (built here when absent).
         ``shared_key_mask`` (B, T, K): the selection of the previous full-indexer layer, which a
-        ``shared`` DSA layer reuses (GLM-5); the returned key mask is this layer's selection (or None).
+        ``shared`` DSA layer reuses (GLM-5). Forward hooks see ``positions`` as ``args[1]``.
         """
-        attn_out, new_cache, key_mask = self._attention(
-            self.input_layernorm(x), positions, cache, path, shared_key_mask
-        )
+        if step is None:
+            step = from_positions(positions, RopeTable(self.self_attn.rope))
+        h = self.input_layernorm(x)
+        attn_out, entries, key_mask = self._attention(h, step, cache, path, shared_key_mask)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, new_cache, key_mask
+        return x, entries, key_mask
 
     def _attention(
         self,
         h: Tensor,
-        positions: Tensor,
-        cache: LayerCache | None,
+        step: StepPositions,
+        cache: LatentCache,
         path: AttnPath,
         shared_key_mask: Tensor | None,
-    ) -> tuple[Tensor, LayerCache, Tensor | None]:
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         attn = self.self_attn
-        proj = attn.project(h, positions)
-        # keys (B, K, L+R) by position: the old cache with the new entries written at `positions`
-        keys, valid = assemble_keys(None if cache is None else cache.latent, None, proj.latent, positions)
-        index_keys = None
-        key_mask = None
+        proj = attn.project(h, step.positions, (step.cos, step.sin))
         indexer = self.indexer
+        new_index_keys = None if indexer is None else indexer.keys(h, step.positions)  # (B, T, D)
+        # keys (B, K, L+R) by position: the cache with the new entries written at their positions
+        keys, index_keys = cache.update(self.layer, step, proj.latent, new_index_keys)
+        key_mask = None
         if indexer is not None:
-            new_index_keys = indexer.keys(h, positions)  # (B, T, D)
-            old = None if cache is None else cache.index_keys
-            index_keys, _ = assemble_keys(old, None, new_index_keys, positions)  # (B, K, D)
-            assert proj.q_latent is not None
-            scores = indexer.scores(h, proj.q_latent, positions, index_keys)  # (B, T, K)
-            key_mask = indexer.select(scores, attention_mask(positions, valid))
+            assert proj.q_latent is not None and index_keys is not None
+            scores = indexer.scores(h, proj.q_latent, step.positions, index_keys)  # (B, T, K)
+            key_mask = indexer.select(scores, step.visible())
         elif self.indexer_kind is IndexerKind.SHARED:
             if shared_key_mask is None:
                 raise ValueError(f"layer {self.layer} shares DSA top-k but no earlier layer computed one")
             key_mask = shared_key_mask
-        mask = attention_mask(positions, valid, key_mask)  # (B, T, K) bool
-        out = attn.attend(proj.q_nope, proj.q_pe, keys, mask, path)
-        return out, LayerCache(keys, index_keys), key_mask
+        out = attn.attend(proj.q_nope, proj.q_pe, keys, step.with_key_mask(key_mask), path)
+        return out, proj.latent, key_mask

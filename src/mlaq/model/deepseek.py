@@ -1,11 +1,15 @@
 """The DeepSeek-V3-family causal LM: embeddings, decoder layers, final norm, lm_head, MTP layers.
 
 One class serves every supported ``model_type`` (see registry); the config decides the parts. Inputs
-are token ids (B, T); every row of a batch sits at the same positions, continuing its cache::
+are token ids (B, T); by default row b continues its own cache (ModelCache keeps per-row lengths)::
 
     out = model.prefill(ids, cache)           # naive MLA (prefill), cache: ModelCache filled in place
     out = model.decode(next_ids, cache)       # absorbed MLA, T >= 1 new tokens (decode, verification)
     mtp = model.mtp_step(draft_in, out.hidden[:, -1:], cache)   # MTP logits for the token after next
+
+``positions`` (B, T) places rows explicitly (consecutive per row, starting at most at the row's cached
+length: an earlier start overwrites, e.g. after right-padding or rejected drafts); any
+:class:`~mlaq.model.cache.LatentCache` (the engine's paged cache) works then.
 
 Logits are float32 (B, T, vocab); ``hidden`` is the final hidden state after ``model.norm`` (what the
 MTP layer consumes, vLLM's convention).
@@ -19,13 +23,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mlaq.model.cache import ModelCache
+from mlaq.model.cache import LatentCache, ModelCache
 from mlaq.model.config import ModelConfig
 from mlaq.model.decoder import DecoderLayer
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mtp import MTPLayer
+from mlaq.model.mtp import MTPLayer, select_rows
 from mlaq.model.norm import RMSNorm
+from mlaq.model.rope import RopeTable
+from mlaq.model.step import StepPositions, from_positions, step_positions
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,10 @@ class DeepseekForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, device=device)
         self.bmm_decisions: tuple[Any, ...] = ()  # policy LayerDecisions, one per MLA layer (load_model)
         self.policy: Any = None  # the PolicyResult they came from
+        self.rope_table = RopeTable(self.mla_config.rope)  # cos/sin once per device, shared by all layers
+        self._main_layers = tuple(
+            self.model.layers[: cfg.num_hidden_layers]
+        )  # no ModuleList slicing per call
 
     @property
     def dtype(self) -> torch.dtype:
@@ -99,49 +109,87 @@ class DeepseekForCausalLM(nn.Module):
     def num_mtp_layers(self) -> int:
         return len(self.model.layers) - self.config.num_hidden_layers
 
-    def _positions(self, input_ids: Tensor, start: int) -> Tensor:
+    def step_positions(
+        self, input_ids: Tensor, cache: LatentCache, layer: int, positions: Tensor | None
+    ) -> StepPositions:
+        """Positions, RoPE angles and causal mask of one call, computed once for all its layers."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (B, T) token ids, got shape {tuple(input_ids.shape)}")
         b, t = input_ids.shape
-        return torch.arange(start, start + t, device=input_ids.device).expand(b, t)  # (B, T)
+        if positions is not None:
+            if tuple(positions.shape) != (b, t):
+                raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {(b, t)}")
+            return from_positions(positions.to(input_ids.device), self.rope_table)
+        if not isinstance(cache, ModelCache):
+            raise ValueError("give positions (B, T) when the cache is not a ModelCache")
+        lengths = cache.lengths(layer) or (0,) * b
+        if len(lengths) != b:
+            raise ValueError(f"the cache holds {len(lengths)} rows but input_ids has {b}")
+        return step_positions(lengths, t, self.rope_table, input_ids.device)
 
     @torch.no_grad()
     def forward(
-        self, input_ids: Tensor, cache: ModelCache | None = None, *, path: AttnPath
+        self,
+        input_ids: Tensor,
+        cache: LatentCache | None = None,
+        *,
+        path: AttnPath,
+        positions: Tensor | None = None,
+        logits_index: Tensor | None = None,
     ) -> CausalLMOutput:
-        """Run the main layers over ``input_ids`` (B, T) after the ``cache.length()`` cached tokens."""
+        """Run the main layers over ``input_ids`` (B, T), by default after each row's cached tokens.
+
+        ``logits_index`` (B,): logits only at position ``logits_index[b]`` of row b, (B, 1, vocab)
+        (generation needs a prompt's last token only; the lm_head is the costliest matmul)."""
         cache = ModelCache() if cache is None else cache
-        positions = self._positions(input_ids, cache.length(0))
+        step = self.step_positions(input_ids, cache, 0, positions)
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
         key_mask = None  # the last full DSA layer's selection, reused by `shared` layers
-        for layer in self.model.layers[: self.config.num_hidden_layers]:
-            x, entry, mask = layer(x, positions, cache.get(layer.layer), path, key_mask)
-            cache.set(layer.layer, entry)
+        for layer in self._main_layers:
+            x, _, mask = layer(x, step.positions, cache, path, key_mask, step=step)
             key_mask = mask if mask is not None else key_mask
         hidden = self.model.norm(x)
-        return CausalLMOutput(self.lm_head(hidden).float(), hidden)
+        return CausalLMOutput(self.lm_head(select_rows(hidden, logits_index)).float(), hidden)
 
-    def prefill(self, input_ids: Tensor, cache: ModelCache | None = None) -> CausalLMOutput:
+    def prefill(
+        self,
+        input_ids: Tensor,
+        cache: LatentCache | None = None,
+        *,
+        positions: Tensor | None = None,
+        logits_index: Tensor | None = None,
+    ) -> CausalLMOutput:
         """Naive MLA (decompressed keys/values), as engines run prompts."""
-        return self(input_ids, cache, path=AttnPath.NAIVE)
+        return self(input_ids, cache, path=AttnPath.NAIVE, positions=positions, logits_index=logits_index)
 
-    def decode(self, input_ids: Tensor, cache: ModelCache) -> CausalLMOutput:
+    def decode(
+        self,
+        input_ids: Tensor,
+        cache: LatentCache,
+        *,
+        positions: Tensor | None = None,
+        logits_index: Tensor | None = None,
+    ) -> CausalLMOutput:
         """Absorbed MLA (the two BMMs, with the layer's BMM scheme) for T >= 1 new tokens."""
-        return self(input_ids, cache, path=AttnPath.ABSORBED)
+        return self(input_ids, cache, path=AttnPath.ABSORBED, positions=positions, logits_index=logits_index)
 
     @torch.no_grad()
     def mtp_step(
         self,
         input_ids: Tensor,
         hidden: Tensor,
-        cache: ModelCache,
+        cache: LatentCache,
         *,
         step: int = 0,
         path: AttnPath = AttnPath.ABSORBED,
+        positions: Tensor | None = None,
+        logits_index: Tensor | None = None,
     ) -> CausalLMOutput:
         """MTP layer ``step % num_mtp_layers``: tokens (B, T) following the tokens whose hidden states
         (B, T, H) are given, at the positions after that MTP layer's cached ones. Returns the logits of
-        the token after each input token and the MTP hidden state (feed it back to chain drafts)."""
+        the token after each input token and the MTP hidden state (feed it back to chain drafts).
+        ``positions`` (B, T): the hidden states' positions (default: after each row's cached ones);
+        ``logits_index`` as in ``forward``."""
         if self.num_mtp_layers == 0:
             raise ValueError(
                 "this model has no MTP layer loaded (num_nextn_predict_layers = 0 or no weights)"
@@ -152,9 +200,8 @@ class DeepseekForCausalLM(nn.Module):
             raise ValueError(
                 f"hidden {tuple(hidden.shape)} must match input_ids {tuple(input_ids.shape)} in (B, T)"
             )
-        positions = self._positions(input_ids, cache.length(layer.layer))
-        logits, y, entry = layer.predict(
-            input_ids, hidden, positions, cache.get(layer.layer), path, self.model.embed_tokens, self.lm_head
+        where = self.step_positions(input_ids, cache, layer.layer, positions)
+        logits, y = layer.predict(
+            input_ids, hidden, where, cache, path, self.model.embed_tokens, self.lm_head, logits_index
         )
-        cache.set(layer.layer, entry)
         return CausalLMOutput(logits, y)

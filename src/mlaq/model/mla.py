@@ -37,6 +37,7 @@ from mlaq.model.mla_core import (
     naive_attention,
 )
 from mlaq.model.norm import RMSNorm
+from mlaq.model.rope import expand_cos_sin, rotate
 
 __all__ = [
     "AbsorbedWeights",
@@ -85,6 +86,7 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(c.kv_lora_rank, n * (c.qk_nope_head_dim + c.v_head_dim), bias=False, **kw)
         self.o_proj = nn.Linear(n * c.v_head_dim, c.hidden_size, bias=c.attention_bias, **kw)
         self.rope = c.rope
+        self.softmax_scale = c.softmax_scale  # computed once (a property of the config)
         self._absorbed: AbsorbedWeights | None = None  # plain attribute: not in state_dict
 
     @property
@@ -160,8 +162,13 @@ class MLAttention(nn.Module):
         return self.kv_b_proj.weight
 
     # ---- forward ----------------------------------------------------------------------------------
-    def project(self, hidden: Tensor, positions: Tensor) -> MLAProjection:
-        """hidden (B, T, H), positions (B, T) ints -> queries and the new latent-cache entries."""
+    def project(
+        self, hidden: Tensor, positions: Tensor, rotation: tuple[Tensor, Tensor] | None = None
+    ) -> MLAProjection:
+        """hidden (B, T, H), positions (B, T) ints -> queries and the new latent-cache entries.
+
+        ``rotation``: the per-channel RoPE cos / signed sin of ``positions`` (B, T, R) each
+        (``RopeTable.rotation``), when the caller computed them once for all layers."""
         c = self.config
         if hidden.dim() != 3 or hidden.shape[-1] != c.hidden_size:
             raise ValueError(f"hidden must be (B, T, H={c.hidden_size}), got {tuple(hidden.shape)}")
@@ -185,26 +192,34 @@ class MLAttention(nn.Module):
         q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         kv = self.kv_a_proj_with_mqa(hidden)  # (B, T, L+R)
         c_kv, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)  # (B, T, L), (B, T, R)
-        cos, sin = self.rope.cos_sin(positions)  # (B, T, R/2) each
-        q_pe = self.rope.apply(q_pe, cos[:, :, None, :], sin[:, :, None, :])  # (B, T, N, R)
-        k_pe = self.rope.apply(k_pe, cos, sin)  # (B, T, R): one rope key shared by all heads
+        if rotation is None:
+            cos, sin = expand_cos_sin(*self.rope.cos_sin(positions), self.rope.layout)  # (B, T, R) each
+        else:
+            cos, sin = rotation
+        # one rotation for the N query heads and the single rope key shared by all heads
+        pe = torch.cat((q_pe, k_pe[:, :, None, :]), dim=2)  # (B, T, N+1, R)
+        pe = rotate(pe, cos[:, :, None, :], sin[:, :, None, :], self.rope.layout)
+        q_pe, k_pe = pe[:, :, : c.num_heads], pe[:, :, c.num_heads]  # (B, T, N, R), (B, T, R)
         latent = torch.cat((self.kv_a_layernorm(c_kv), k_pe), dim=-1)  # (B, T, L+R)
         return MLAProjection(q_nope, q_pe, latent, q_latent)
 
-    def attend(self, q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, path: AttnPath) -> Tensor:
+    def attend(
+        self, q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, path: AttnPath
+    ) -> Tensor:
         """Attention of queries (B, T, N, P) / (B, T, N, R) over latent keys (B, K, L+R) under a bool mask
-        (B, T, K), then o_proj -> (B, T, H). For engines that assemble keys and masks themselves."""
+        (B, T, K) (None: every key visible), then o_proj -> (B, T, H). For engines that assemble keys and
+        masks themselves."""
         c = self.config
         b, t = q_nope.shape[:2]
         if keys.dim() != 3 or keys.shape[0] != b or keys.shape[2] != c.latent_dim:
             raise ValueError(f"keys must be (B={b}, K, L+R={c.latent_dim}), got {tuple(keys.shape)}")
         if keys.dtype != self.dtype:
             raise ValueError(f"latent cache is {keys.dtype} but the layer computes in {self.dtype}")
-        if tuple(mask.shape) != (b, t, keys.shape[1]) or mask.dtype != torch.bool:
+        if mask is not None and (tuple(mask.shape) != (b, t, keys.shape[1]) or mask.dtype != torch.bool):
             raise ValueError(
                 f"mask must be bool (B, T, K) = {(b, t, keys.shape[1])}, got {mask.dtype} {tuple(mask.shape)}"
             )
-        scale = c.softmax_scale
+        scale = self.softmax_scale
         if path is AttnPath.NAIVE:
             o = naive_attention(q_nope, q_pe, keys, mask, self.naive_kv_b(), scale)
         elif path is AttnPath.ABSORBED:

@@ -103,9 +103,12 @@ def attention_mask(positions: Tensor, key_valid: Tensor, key_mask: Tensor | None
     return mask & torch.cat((key_mask, pad), dim=2)
 
 
-def masked_softmax(scores: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """float32 softmax of scores (B, N, T, K) over visible keys (mask (B, T, K)); rows that see no key
-    give zeros, not NaN. Values are rounded to ``dtype`` (the compute dtype) and returned as float32."""
+def masked_softmax(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """float32 softmax of scores (B, N, T, K) over visible keys (mask (B, T, K), None = all visible);
+    rows that see no key give zeros, not NaN. Values are rounded to ``dtype`` (the compute dtype) and
+    returned as float32."""
+    if mask is None:
+        return torch.softmax(scores.float(), dim=-1).to(dtype).float()
     m = mask[:, None, :, :]  # (B, 1, T, K)
     probs = torch.softmax(scores.float().masked_fill(~m, float("-inf")), dim=-1)
     probs = torch.where(m.any(-1, keepdim=True), probs, torch.zeros((), device=probs.device))
@@ -113,7 +116,7 @@ def masked_softmax(scores: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def naive_attention(
-    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, kv_b: Tensor, scale: float
+    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, kv_b: Tensor, scale: float
 ) -> Tensor:
     """Decompress every key: K_nope = W_UK c_kv, V = W_UV c_kv; ordinary attention. -> (B, T, N, V).
 
@@ -132,23 +135,24 @@ def naive_attention(
 
 
 def absorbed_attention(
-    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, w: AbsorbedWeights, scale: float
+    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, w: AbsorbedWeights, scale: float
 ) -> Tensor:
     """Attend in latent space with the two BMMs; the cache is never decompressed. -> (B, T, N, V).
 
-    BMM #1 ql = q_nope W_UK; scores = ql . c_kv + q_pe . k_pe; o_latent = softmax @ c_kv;
-    BMM #2 out = o_latent W_UV^T.
+    BMM #1 ql = q_nope W_UK; scores = [ql | q_pe] . [c_kv | k_pe] (= ql . c_kv + q_pe . k_pe, one
+    matmul over the cache as FlashMLA does); o_latent = softmax @ c_kv; BMM #2 out = o_latent W_UV^T.
     """
     b, t, n, p = q_nope.shape
     dtype = q_nope.dtype
     lora = w.w_uk.shape[2]
     x = q_nope.permute(2, 0, 1, 3).reshape(n, b * t, p)  # (B, T, N, P) -> (N, B*T, P)
     ql = w.scheme_uk.apply(x, w.w_uk)  # (N, B*T, L), float32 rounded as the scheme's kernel rounds
-    ql = ql.view(n, b, t, lora).permute(1, 2, 0, 3).to(dtype)  # (B, T, N, L)
-    c_kv, k_pe = keys.split([lora, keys.shape[-1] - lora], dim=-1)  # (B, K, L), (B, K, R)
-    scores = torch.einsum("btnl,bsl->bnts", ql.float(), c_kv.float())
-    scores = scores + torch.einsum("btnr,bsr->bnts", q_pe.float(), k_pe.float())
-    probs = masked_softmax(scores * scale, mask, dtype)  # (B, N, T, K)
-    o_latent = torch.einsum("bnts,bsl->nbtl", probs, c_kv.float()).to(dtype)  # (N, B, T, L)
+    ql = ql.view(n, b, t, lora).permute(1, 0, 2, 3).to(dtype)  # (B, N, T, L)
+    q = torch.cat((ql, q_pe.permute(0, 2, 1, 3).to(dtype)), dim=-1).float()  # (B, N, T, L+R)
+    kf = keys.float()  # (B, K, L+R)
+    scores = torch.bmm(q.reshape(b, n * t, -1), kf.transpose(1, 2))  # (B, N*T, K)
+    probs = masked_softmax(scores.view(b, n, t, -1) * scale, mask, dtype)  # (B, N, T, K)
+    o_latent = torch.bmm(probs.view(b, n * t, -1), kf[:, :, :lora])  # (B, N*T, L)
+    o_latent = o_latent.view(b, n, t, lora).transpose(0, 1).to(dtype)  # (N, B, T, L)
     out = w.scheme_uv.apply(o_latent.reshape(n, b * t, lora), w.w_uv)  # (N, B*T, V)
     return out.view(n, b, t, -1).permute(1, 2, 0, 3).to(dtype)  # (B, T, N, V)

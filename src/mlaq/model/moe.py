@@ -19,6 +19,10 @@ from torch import Tensor, nn
 from mlaq.model.config import MoEConfig
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
+# Up to this many tokens, routed experts run token by token (k small matmuls each, no gather/scatter
+# bookkeeping): cheaper for decode and MTP verification; larger batches group tokens by expert.
+SMALL_BATCH = 4
+
 
 class DenseMLP(nn.Module):
     """down_proj(silu(gate_proj(x)) * up_proj(x)); Hugging Face parameter names."""
@@ -38,7 +42,10 @@ class DenseMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # F.linear on the weights: the same matmuls without three nn.Module calls (decode is
+        # dominated by per-call overhead at these sizes)
+        gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -54,11 +61,12 @@ def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None)
         else:
             group_scores = per_group.max(dim=-1).values
         kept = group_scores.topk(cfg.topk_group, dim=-1, sorted=False).indices  # (T, topk_group)
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-        expert_mask = group_mask.unsqueeze(-1).expand(t, cfg.n_group, e // cfg.n_group).reshape(t, e)
+        dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, kept, False)  # (T, G)
         # V2 fills masked experts with 0 (scores are positive softmax values); V3 with -inf.
         fill = float("-inf") if cfg.topk_method is TopkMethod.NOAUX_TC else 0.0
-        choice = choice.masked_fill(~expert_mask, fill)
+        choice = per_group.masked_fill(dropped[:, :, None], fill).view(
+            t, e
+        )  # every expert of a dropped group
     indices = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False).indices  # (T, k)
     # noaux_tc weighs by the unbiased scores; V2 by the (group-masked) scores it chose from.
     weights = (scores if cfg.topk_method is TopkMethod.NOAUX_TC else choice).gather(1, indices)
@@ -108,6 +116,7 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(
             DenseMLP(hidden_size, cfg.moe_intermediate_size, **kw) for _ in range(cfg.n_routed_experts)
         )
+        self._expert_list = tuple(self.experts)  # plain indexing (ModuleList's is slow per token)
         self.shared_experts = (
             DenseMLP(hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, **kw)
             if cfg.n_shared_experts > 0
@@ -118,12 +127,42 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (T, hidden)
         weights, indices = self.gate(flat)
-        out = torch.zeros_like(flat)
-        # Visit only the experts some token chose; each token's k contributions are summed.
-        for expert in indices.unique().tolist():
-            token, slot = torch.where(indices == expert)
-            y = self.experts[expert](flat[token])  # (n, hidden)
-            out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+        if flat.shape[0] <= SMALL_BATCH:
+            rows = [self._one_token(flat, weights, chosen, t) for t, chosen in enumerate(indices.tolist())]
+            out = rows[0] if len(rows) == 1 else torch.cat(rows)
+        else:
+            out = self._grouped(flat, weights, indices)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(shape)
+
+    def _grouped(self, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """Tokens grouped by expert: each chosen expert runs once over its tokens (ascending token
+        order), experts visited in ascending order; each token's k contributions are summed."""
+        k = indices.shape[1]
+        choices = indices.reshape(-1)  # (T*k,) row-major: token-major, then slot
+        order = torch.argsort(choices, stable=True)  # (T*k,) by expert, tokens ascending within one
+        counts = torch.bincount(choices, minlength=len(self._expert_list)).tolist()
+        tokens = order // k  # (T*k,)
+        x = flat[tokens]  # (T*k, hidden)
+        w = weights.reshape(-1)[order, None]  # (T*k, 1)
+        out = torch.zeros_like(flat)
+        start = 0
+        for expert, n in enumerate(counts):
+            if n:
+                y = self._expert_list[expert](x[start : start + n])  # (n, hidden)
+                out.index_add_(0, tokens[start : start + n], (y * w[start : start + n]).to(out.dtype))
+                start += n
+        return out
+
+    def _one_token(self, flat: Tensor, weights: Tensor, experts: list[int], t: int) -> Tensor:
+        """Token t alone (decode, verification): its k chosen experts run directly and are summed in
+        ascending expert order (the order, and so the rounding, of the batched path) -> (1, hidden)."""
+        x, w = flat[t : t + 1], weights[t : t + 1]  # (1, hidden), (1, k)
+        chosen = sorted(zip(experts, range(len(experts)), strict=True))
+        out = None
+        for expert, slot in chosen:
+            y = (self._expert_list[expert](x) * w[:, slot, None]).to(flat.dtype)  # (1, hidden)
+            out = y if out is None else out + y
+        assert out is not None
+        return out

@@ -16,12 +16,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mlaq.model.cache import LayerCache
+from mlaq.model.cache import LatentCache
 from mlaq.model.config import ModelConfig
 from mlaq.model.decoder import DecoderLayer
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.norm import RMSNorm
+from mlaq.model.step import StepPositions
 
 
 class SharedHead(nn.Module):
@@ -63,19 +64,30 @@ class MTPLayer(DecoderLayer):
         self,
         input_ids: Tensor,
         hidden: Tensor,
-        positions: Tensor,
-        cache: LayerCache | None,
+        step: StepPositions,
+        cache: LatentCache,
         path: AttnPath,
         main_embed: nn.Embedding,
         main_head: nn.Linear,
-    ) -> tuple[Tensor, Tensor, LayerCache]:
+        logits_index: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """input_ids (B, T) = the tokens after those whose hidden states (B, T, H) are given, at the
-        hidden states' positions (B, T) -> (logits (B, T, vocab) fp32, output hidden (B, T, H), cache)."""
+        hidden states' positions ``step`` -> (logits (B, T, vocab) fp32, output hidden (B, T, H)).
+        With ``logits_index`` (B,), logits only at that position of each row: (B, 1, vocab)."""
         embed = self.embed_tokens if self.embed_tokens is not None else main_embed
         head = self.shared_head.head if self.shared_head.head is not None else main_head
         e = self.enorm(embed(input_ids))  # (B, T, H)
         h = self.hnorm(hidden.to(e.dtype))  # (B, T, H)
         x = self.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
-        y, new_cache, _ = self(x, positions, cache, path)
-        logits = head(self.shared_head.norm(y)).float()
-        return logits, y, new_cache
+        y, _, _ = self(x, step.positions, cache, path, step=step)
+        logits = head(self.shared_head.norm(select_rows(y, logits_index))).float()
+        return logits, y
+
+
+def select_rows(x: Tensor, index: Tensor | None) -> Tensor:
+    """x (B, T, H) -> x[b, index[b]] as (B, 1, H); all of x when ``index`` is None."""
+    if index is None:
+        return x
+    if tuple(index.shape) != (x.shape[0],):
+        raise ValueError(f"logits_index must have shape (B,) = ({x.shape[0]},), got {tuple(index.shape)}")
+    return x[torch.arange(x.shape[0], device=x.device), index.to(x.device)][:, None]

@@ -149,15 +149,58 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: RopeLayout) -> Tenso
     """Rotate pairs of ``x`` (..., R) by the angles behind cos/sin (..., R/2); computed in float32."""
     if x.shape[-1] != 2 * cos.shape[-1]:
         raise ValueError(f"RoPE: x has {x.shape[-1]} rotary channels but cos/sin have {cos.shape[-1]} angles")
+    return rotate(x, *expand_cos_sin(cos, sin, layout), layout)
+
+
+def expand_cos_sin(cos: Tensor, sin: Tensor, layout: RopeLayout) -> tuple[Tensor, Tensor]:
+    """cos, sin (..., R/2) -> cos and signed sin per channel (..., R), in ``layout``'s channel order:
+    channel x1 of a pair gets (cos, -sin), channel x2 gets (cos, +sin)."""
+    if layout is RopeLayout.INTERLEAVED:
+        return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
+def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor, layout: RopeLayout) -> Tensor:
+    """Rotate ``x`` (..., R) with per-channel cos / signed sin (..., R) from :func:`expand_cos_sin`.
+
+    x * cos + partner(x) * signed_sin, where partner swaps the two channels of each pair: per pair
+    (x1 * cos - x2 * sin, x2 * cos + x1 * sin), the same float32 operations, rounded once to x's dtype.
+    """
     xf = x.float()
     if layout is RopeLayout.INTERLEAVED:
-        x1, x2 = xf[..., 0::2], xf[..., 1::2]  # (..., R/2) each: real and imaginary parts
+        partner = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (..., R/2, 2) pairs swapped -> (..., R)
     else:
-        x1, x2 = xf.chunk(2, dim=-1)  # (..., R/2) each: first and second half
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
-    if layout is RopeLayout.INTERLEAVED:
-        out = torch.stack((o1, o2), dim=-1).flatten(-2)  # (..., R/2, 2) -> (..., R) re-interleaved
-    else:
-        out = torch.cat((o1, o2), dim=-1)  # (..., R)
-    return out.to(x.dtype)
+        partner = xf.roll(x.shape[-1] // 2, dims=-1)  # (x2, x1)
+    return (xf * cos + partner * signed_sin).to(x.dtype)
+
+
+class RopeTable:
+    """cos/sin of a :class:`Rope` for positions 0..n-1, computed once per device and extended (doubling)
+    when a larger position is asked for. Values equal ``Rope.cos_sin`` of the same positions: the table
+    is built by the same float32 formula, element by element."""
+
+    def __init__(self, rope: Rope) -> None:
+        self.rope = rope
+        self._tables: dict[torch.device, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+
+    def cos_sin(self, positions: Tensor, max_position: int | None = None) -> tuple[Tensor, Tensor]:
+        """cos, sin for integer ``positions`` (...,) -> two float32 tensors (..., dim/2).
+
+        ``max_position`` (the largest value in ``positions``, if the caller knows it) spares a sync."""
+        table = self._table(positions, max_position)
+        return table[0][positions], table[1][positions]
+
+    def rotation(self, positions: Tensor, max_position: int | None = None) -> tuple[Tensor, Tensor]:
+        """Per-channel cos and signed sin (..., dim) for :func:`rotate` in the rope's own layout."""
+        table = self._table(positions, max_position)
+        return table[2][positions], table[3][positions]
+
+    def _table(self, positions: Tensor, max_position: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        top = int(positions.max()) if max_position is None else max_position
+        table = self._tables.get(positions.device)
+        if table is None or table[0].shape[0] <= top:
+            size = max(top + 1, 2 * (0 if table is None else table[0].shape[0]), 64)
+            cos, sin = self.rope.cos_sin(torch.arange(size, device=positions.device))  # (size, dim/2)
+            table = (cos, sin, *expand_cos_sin(cos, sin, self.rope.layout))
+            self._tables[positions.device] = table
+        return table
