@@ -20,8 +20,6 @@ from validate_helpers import tiny_checkpoint
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     ckpt = tiny_checkpoint(tmp_path_factory.mktemp("tiny_report"))
     cfg = ValidateConfig(
         model=ckpt,
@@ -35,9 +33,7 @@ def report(tmp_path_factory):
         max_tokens=6,
         num_speculative_tokens=2,
     )
-    out = run_validation(cfg)
-    torch.set_num_threads(threads)
-    return out
+    return run_validation(cfg)
 
 
 def test_write_report_files(report, tmp_path) -> None:

@@ -35,14 +35,6 @@ PER_SCHEME = (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return tiny_checkpoint(tmp_path_factory.mktemp("tiny_v3"))
@@ -50,7 +42,6 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(checkpoint):
-    torch.set_num_threads(1)
     cfg = ValidateConfig(
         model=checkpoint,
         eval_text=checkpoint / "heldout.txt",
