@@ -32,11 +32,12 @@ CACHE_SIZE_LIMIT = 64
 class CompiledLatentLM(DeepseekLatentLM):
     """``DeepseekLatentLM`` whose absorbed-path calls run compiled (prefill stays eager)."""
 
-    def __init__(self, model: DeepseekForCausalLM) -> None:
+    def __init__(self, model: DeepseekForCausalLM, *, backend: str = "inductor") -> None:
+        """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build)."""
         super().__init__(model)
         self.static = StaticStep(model)
-        self._decode = _compiled(self.static.decode)
-        self._mtp = _compiled(self.static.mtp)
+        self._decode = _compiled(self.static.decode, backend)
+        self._mtp = _compiled(self.static.mtp, backend)
 
     @torch.no_grad()
     def forward(
@@ -87,9 +88,9 @@ class CompiledLatentLM(DeepseekLatentLM):
         return self.model.rope_table.rotation(positions, num_past + t - 1)
 
 
-def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled by inductor, with room for the shapes one run produces."""
-    compiled = torch.compile(fn, dynamic=None)
+def _compiled(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
+    """``fn`` compiled, with room for the shapes one run produces."""
+    compiled = torch.compile(fn, backend=backend, dynamic=None)
 
     def call(*args: Any) -> Any:
         with torch._dynamo.config.patch(cache_size_limit=CACHE_SIZE_LIMIT):
