@@ -87,3 +87,11 @@ def test_quantizing_schemes_stay_eager_and_exact(checkpoint):
     w, original = static.weights[1], model.model.layers[1].self_attn.absorbed
     x = torch.randn(w.w_uk.shape[0], 3, w.w_uk.shape[1], generator=torch.Generator().manual_seed(1))
     assert torch.equal(w.scheme_uk.apply(x, w.w_uk), original.scheme_uk.apply(x, original.w_uk))
+
+
+def test_compiled_with_an_eager_scheme_equals_eager(checkpoint):
+    """An fp8 BMM scheme breaks the graph around its apply (aot_eager: graph capture only)."""
+    qc = '{"targets": {"re:.*kv_b_proj.*": "fp8_per_tensor"}}'
+    eager = tokens(LLM(checkpoint, max_model_len=64, quantization_config=qc), PROMPTS)
+    model = CompiledLatentLM(load_model(checkpoint, quantization_config=qc), backend="aot_eager")
+    assert tokens(LLM(model, max_model_len=64), PROMPTS) == eager
