@@ -1,0 +1,186 @@
+"""Train mlaq-tiny (DeepSeek-V3 architecture + MTP) on Python stdlib source; CPU, reproducible from a seed.
+
+    /work/venv/bin/python scripts/train_tiny.py --out src/mlaq/assets/mlaq-tiny --run-dir /work/tiny-runs
+
+A usable checkpoint is exported every --save-every-min minutes and at the end; run scripts/tiny_eval.py
+afterwards for the model card numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tiny_data import (
+    HELDOUT,
+    document,
+    encode_stream,
+    split_corpus,
+    stdlib_dir,
+    tokenizer_config,
+    train_tokenizer,
+)
+from tiny_export import export
+from tiny_model import TinyGeometry, TinyWithMtp, build_config, count_params, moe_gates
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", type=Path, default=None, help="text directory (default: this Python's stdlib)")
+    p.add_argument("--suffix", default=".py", help="file suffix to read from the corpus")
+    p.add_argument("--heldout", default=",".join(HELDOUT), help="comma-separated top-level names held out")
+    p.add_argument(
+        "--max-files", type=int, default=0, help="use only the first N training files (smoke runs)"
+    )
+    p.add_argument("--out", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny")
+    p.add_argument("--run-dir", type=Path, default=Path("/work/tiny-runs"))
+    p.add_argument("--vocab", type=int, default=6144)
+    p.add_argument("--seq", type=int, default=2048, help="training context (tokens per window)")
+    p.add_argument("--batch", type=int, default=2, help="windows per step")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--mtp-weight", type=float, default=0.3, help="lambda of the MTP loss (DeepSeek-V3: 0.3)")
+    p.add_argument("--bias-speed", type=float, default=1e-3, help="gamma of the aux-loss-free bias update")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--save-every-min", type=float, default=5.0)
+    p.add_argument("--tiny-geometry", action="store_true", help="a very small model, for smoke tests only")
+    return p.parse_args(argv)
+
+
+def lr_at(step: int, a: argparse.Namespace) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr at the last step."""
+    if step < a.warmup:
+        return a.lr * (step + 1) / a.warmup
+    frac = (step - a.warmup) / max(1, a.steps - a.warmup)
+    return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+class BiasBalancer:
+    """DeepSeek-V3's auxiliary-loss-free balancing: after each step, e_score_correction_bias of each
+    router moves by gamma * sign(mean load - expert load) (section 2.1.2). Counts come from a hook."""
+
+    def __init__(self, gates: list[torch.nn.Module], gamma: float) -> None:
+        self.gates, self.gamma = gates, gamma
+        self.counts = [torch.zeros(g.num_experts) for g in gates]
+        for i, g in enumerate(gates):
+            g.register_forward_hook(self._hook(i))
+
+    def _hook(self, i: int):
+        def fn(module: torch.nn.Module, args: tuple, out: tuple) -> None:
+            topk_indices = out[2]  # (tokens, top_k)
+            self.counts[i] += torch.bincount(topk_indices.flatten(), minlength=module.num_experts).float()
+
+        return fn
+
+    @torch.no_grad()
+    def update(self) -> float:
+        """Apply the bias rule; returns the worst max/mean load ratio seen this step."""
+        worst = 0.0
+        for g, c in zip(self.gates, self.counts, strict=True):
+            if c.sum() == 0:
+                continue
+            g.e_score_correction_bias += self.gamma * torch.sign(c.mean() - c)
+            worst = max(worst, float(c.max() / c.mean()))
+            c.zero_()
+        return worst
+
+
+def make_optimizer(model: TinyWithMtp, lr: float) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on norms (1-D) as usual."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def prepare(a: argparse.Namespace):
+    """Corpus split, tokenizer, token streams, heldout text."""
+    root = a.corpus or stdlib_dir()
+    heldout = tuple(s for s in a.heldout.split(",") if s)
+    train_files, held_files = split_corpus(root, a.suffix, heldout)
+    if a.max_files:
+        train_files = train_files[: a.max_files]
+    train_texts = [document(root, p) for p in train_files]
+    held_text = "".join(document(root, p) for p in held_files)
+    t0 = time.time()
+    tok = train_tokenizer(train_texts, a.vocab)
+    stream = encode_stream(tok, train_texts)
+    info = {
+        "corpus_root": str(root),
+        "train_files": len(train_files),
+        "train_bytes": sum(len(t.encode()) for t in train_texts),
+        "train_tokens": int(stream.size),
+        "heldout_names": list(heldout),
+        "heldout_files": [p.relative_to(root).as_posix() for p in held_files],
+        "heldout_bytes": len(held_text.encode()),
+        "tokenizer_seconds": round(time.time() - t0, 1),
+    }
+    return tok, stream, held_text, info
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(a.threads)
+    a.run_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    tok, stream, held_text, info = prepare(a)
+    print(json.dumps(info)[:2000], flush=True)
+    geo = TinyGeometry(vocab_size=tok.get_vocab_size(), max_position_embeddings=max(2048, a.seq))
+    if a.tiny_geometry:
+        geo = TinyGeometry(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                           moe_intermediate_size=32, max_position_embeddings=max(2048, a.seq))  # fmt: skip
+    cfg = build_config(geo, bos_token_id=tok.token_to_id("<|bos|>"), eos_token_id=tok.token_to_id("<|eos|>"))
+    cfg._attn_implementation = "sdpa"
+    model = TinyWithMtp(cfg)
+    print(json.dumps(count_params(model)), flush=True)
+    balancer = BiasBalancer(moe_gates(model), a.bias_speed)
+    opt = make_optimizer(model, a.lr)
+    rng = np.random.default_rng(a.seed)  # data order depends on the seed only
+    tok_cfg = tokenizer_config(max(2048, a.seq))
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "heldout.txt").write_text(held_text)
+    history, last_save, t_train = [], time.time(), time.time()
+    for step in range(a.steps):
+        starts = rng.integers(0, stream.size - a.seq - 1, size=a.batch)
+        batch = torch.from_numpy(np.stack([stream[s : s + a.seq + 1] for s in starts]).astype(np.int64))
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, a)
+        _, _, main_ce, mtp_ce = model(batch)  # batch: (B, seq + 1)
+        loss = main_ce + a.mtp_weight * mtp_ce
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        load = balancer.update()
+        elapsed = time.time() - t_train
+        rec = {"step": step + 1, "main": round(main_ce.item(), 4), "mtp": round(mtp_ce.item(), 4),
+               "lr": round(lr_at(step, a), 6), "gnorm": round(gnorm, 3), "max_load": round(load, 2),
+               "tok_s": round((step + 1) * a.batch * a.seq / elapsed), "min": round(elapsed / 60, 1)}  # fmt: skip
+        history.append(rec)
+        print(json.dumps(rec), flush=True)
+        if time.time() - last_save > a.save_every_min * 60 or step + 1 == a.steps:
+            export(model, tok, tok_cfg, a.out)
+            last_save = time.time()
+            run = {**info, "args": {k: str(v) for k, v in vars(a).items()}, "argv": sys.argv,
+                   "params": count_params(model), "steps_done": step + 1, "history": history,
+                   "train_minutes": round(elapsed / 60, 1), "total_minutes": round((time.time() - t_start) / 60, 1),
+                   "python": platform.python_version(), "torch": torch.__version__}  # fmt: skip
+            (a.run_dir / "run_info.json").write_text(json.dumps(run, indent=1))
+            print(f"saved checkpoint at step {step + 1}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
