@@ -46,12 +46,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=6144)
     p.add_argument("--seq", type=int, default=2048, help="training context (tokens per window)")
     p.add_argument("--batch", type=int, default=2, help="windows per step")
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=480)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--mtp-weight", type=float, default=0.3, help="lambda of the MTP loss (DeepSeek-V3: 0.3)")
-    p.add_argument("--bias-speed", type=float, default=1e-3, help="gamma of the aux-loss-free bias update")
+    p.add_argument(
+        "--bias-speed",
+        type=float,
+        default=1e-2,
+        help="gamma of the aux-loss-free bias update (DeepSeek-V3: 1e-3 over far more steps)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-min", type=float, default=5.0)
