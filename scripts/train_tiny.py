@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -46,7 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=6144)
     p.add_argument("--seq", type=int, default=2048, help="training context (tokens per window)")
     p.add_argument("--batch", type=int, default=2, help="windows per step")
-    p.add_argument("--steps", type=int, default=480)
+    p.add_argument("--steps", type=int, default=480, help="total steps (an upper bound with a time budget)")
+    p.add_argument("--decay-start", type=int, default=None, help="step where LR decay begins (default 80 %%)")
+    p.add_argument("--time-budget-min", type=float, default=0.0, help="choose the decay start from wall time")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
@@ -65,11 +66,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def lr_at(step: int, a: argparse.Namespace) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio * lr at the last step."""
+    """Warmup-stable-decay: linear warmup, constant, then linear decay to min_lr_ratio * lr at the last step."""
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
-    frac = (step - a.warmup) / max(1, a.steps - a.warmup)
-    return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    if a.decay_start is None or step < a.decay_start:
+        return a.lr
+    frac = (step - a.decay_start) / max(1, a.steps - a.decay_start)
+    return a.lr * (1 - (1 - a.min_lr_ratio) * frac)
+
+
+def plan_decay(step: int, elapsed_min: float, a: argparse.Namespace) -> None:
+    """With --time-budget-min: once 82 % of the budget is spent, start an 18 %-of-steps-so-far decay.
+
+    The chosen --steps/--decay-start are recorded; passing them back reproduces the run exactly.
+    """
+    if a.decay_start is None and a.time_budget_min and elapsed_min >= 0.82 * a.time_budget_min:
+        a.decay_start = step
+        a.steps = min(a.steps, step + max(10, int(0.18 * step)))
+    elif a.decay_start is None and (not a.time_budget_min or step >= int(0.8 * a.steps)):
+        a.decay_start = int(0.8 * a.steps)
 
 
 class BiasBalancer:
@@ -158,7 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "heldout.txt").write_text(held_text)
     history, last_save, t_train = [], time.time(), time.time()
-    for step in range(a.steps):
+    step = 0
+    while step < a.steps:
+        plan_decay(step, (time.time() - t_train) / 60, a)
         starts = rng.integers(0, stream.size - a.seq - 1, size=a.batch)
         batch = torch.from_numpy(np.stack([stream[s : s + a.seq + 1] for s in starts]).astype(np.int64))
         for group in opt.param_groups:
@@ -185,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
                    "python": platform.python_version(), "torch": torch.__version__}  # fmt: skip
             (a.run_dir / "run_info.json").write_text(json.dumps(run, indent=1))
             print(f"saved checkpoint at step {step + 1}", flush=True)
+        step += 1
 
 
 if __name__ == "__main__":
