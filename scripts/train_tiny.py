@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1e-2,
         help="gamma of the aux-loss-free bias update (DeepSeek-V3: 1e-3 over far more steps)",
     )
+    p.add_argument("--balance-alpha", type=float, default=0.01, help="sequence-wise balance loss weight")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-min", type=float, default=5.0)
@@ -88,23 +89,37 @@ def plan_decay(step: int, elapsed_min: float, a: argparse.Namespace) -> None:
 
 
 class BiasBalancer:
-    """DeepSeek-V3's auxiliary-loss-free balancing: after each step, e_score_correction_bias of each
-    router moves by gamma * sign(mean load - expert load) (section 2.1.2). Counts come from a hook."""
+    """DeepSeek-V3's load balancing (section 2.1.2): after each step, e_score_correction_bias of each
+    router moves by gamma * sign(mean load - expert load) (auxiliary-loss-free); plus the complementary
+    sequence-wise balance loss alpha * sum_i f_i P_i (eq. 17-20), collected by a forward hook."""
 
-    def __init__(self, gates: list[torch.nn.Module], gamma: float) -> None:
-        self.gates, self.gamma = gates, gamma
+    def __init__(self, gates: list[torch.nn.Module], gamma: float, alpha: float) -> None:
+        self.gates, self.gamma, self.alpha = gates, gamma, alpha
         self.counts = [torch.zeros(g.num_experts) for g in gates]
+        self.losses: list[torch.Tensor] = []
         for i, g in enumerate(gates):
             g.register_forward_hook(self._hook(i))
 
     def _hook(self, i: int):
         def fn(module: torch.nn.Module, args: tuple, out: tuple) -> None:
-            topk_indices = out[2]  # (tokens, top_k)
-            self.counts[i] += torch.bincount(topk_indices.flatten(), minlength=module.num_experts).float()
+            router_logits, topk_indices = out[0], out[2]  # (tokens, E), (tokens, top_k); batch 1 = 1 sequence
+            load = torch.bincount(topk_indices.flatten(), minlength=module.num_experts).float()
+            self.counts[i] += load
+            if self.alpha and module.training:
+                scores = router_logits.sigmoid()
+                p = (scores / scores.sum(-1, keepdim=True)).mean(0)  # P_i: mean normalized affinity
+                f = load * module.num_experts / topk_indices.numel()  # f_i: 1.0 when balanced
+                self.losses.append(self.alpha * (f * p).sum())
 
         return fn
 
     @torch.no_grad()
+    def take_loss(self) -> torch.Tensor:
+        """Sum of this step's balance losses (0 when alpha is 0); clears them."""
+        total = sum(self.losses, torch.zeros(()))
+        self.losses = []
+        return total
+
     def update(self) -> float:
         """Apply the bias rule; returns the worst max/mean load ratio seen this step."""
         worst = 0.0
@@ -166,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg._attn_implementation = "sdpa"
     model = TinyWithMtp(cfg)
     print(json.dumps(count_params(model)), flush=True)
-    balancer = BiasBalancer(moe_gates(model), a.bias_speed)
+    balancer = BiasBalancer(moe_gates(model), a.bias_speed, a.balance_alpha)
     opt = make_optimizer(model, a.lr)
     rng = np.random.default_rng(a.seed)  # data order depends on the seed only
     tok_cfg = tokenizer_config(max(2048, a.seq))
@@ -181,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, a)
         _, _, main_ce, mtp_ce = model(batch)  # batch: (B, seq + 1)
-        loss = main_ce + a.mtp_weight * mtp_ce
+        bal = balancer.take_loss()
+        loss = main_ce + a.mtp_weight * mtp_ce + bal
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
@@ -189,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         load = balancer.update()
         elapsed = time.time() - t_train
         rec = {"step": step + 1, "main": round(main_ce.item(), 4), "mtp": round(mtp_ce.item(), 4),
-               "lr": round(lr_at(step, a), 6), "gnorm": round(gnorm, 3), "max_load": round(load, 2),
+               "lr": round(lr_at(step, a), 6), "gnorm": round(gnorm, 3), "bal": round(bal.item(), 4), "max_load": round(load, 2),
                "tok_s": round((step + 1) * a.batch * a.seq / elapsed), "min": round(elapsed / 60, 1)}  # fmt: skip
         history.append(rec)
         print(json.dumps(rec), flush=True)
