@@ -46,7 +46,8 @@ def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str) -> str:
     p, par = run["params"], ev["parity"]
     cmd = (
         f"python scripts/train_tiny.py --steps {a['steps']} --decay-start {a['decay_start']} "
-        f"--batch {a['batch']} --warmup {a['warmup']} --seed {a['seed']}"
+        f"--batch {a['batch']} --warmup {a['warmup']} --lr {a['lr']} --bias-speed {a['bias_speed']} "
+        f"--balance-alpha {a.get('balance_alpha')} --seed {a['seed']}"
     )
     return f"""# mlaq-tiny
 
@@ -80,7 +81,8 @@ not stored for the MTP layer: the main model's embedding and lm_head are used. t
 - Objective: next-token cross-entropy + {a["mtp_weight"]} x MTP next-next-token cross-entropy (joint, as
   in DeepSeek-V3). Routers: DeepSeek-V3's auxiliary-loss-free balancing, bias speed
   gamma={a["bias_speed"]} per step (DeepSeek-V3 uses 1e-3 over far more steps; 1e-3 let the routers
-  collapse onto two experts in this short run); no auxiliary loss.
+  collapse onto two experts in this short run), plus DeepSeek-V3's complementary sequence-wise balance
+  loss with alpha={a.get("balance_alpha")} (DeepSeek-V3: 1e-4).
 - {run["steps_done"]} steps of {a["batch"]} x {a["seq"]}-token windows drawn uniformly from the token
   stream ({run["steps_done"] * int(a["batch"]) * int(a["seq"]):,} tokens), AdamW (0.9, 0.95, wd 0.1),
   lr {a["lr"]} with {a["warmup"]} warmup steps, constant, linear decay to {a["min_lr_ratio"]} x from step
@@ -103,6 +105,10 @@ Loss and MTP acceptance by context position (position within the 2048-token wind
 
 {_table(pos_rows, ["positions", "loss (nats/token)", "MTP acceptance", "tokens"])}
 
+Routed-expert load on the held-out text (share of routed slots per expert; uniform = {1 / cfg["n_routed_experts"]:.3f}):
+
+{_table([[f"{i + 1}" if i + 1 < cfg["num_hidden_layers"] else "MTP", " ".join(f"{x:.3f}" for x in row)] for i, row in enumerate(h["expert_load"])], ["MoE layer", "expert shares"])}
+
 Loading check: `DeepseekV3ForCausalLM.from_pretrained` (sdpa) vs the training module holding the same
 weights (eager attention): max |logit difference| {par["main_logits_max_abs_diff"]:.2e} (main),
 {par["mtp_logits_max_abs_diff"]:.2e} (MTP) at logit scale {par["logit_scale"]:.1f}.
@@ -123,7 +129,7 @@ def main() -> None:
     a = p.parse_args()
     run, ev = json.loads(a.run.read_text()), json.loads(a.eval.read_text())
     cfg = json.loads((a.model / "config.json").read_text())
-    (a.model / "README.md").write_text(render(run, ev, cfg, a.machine.strip(), a.notes))
+    (a.model / "README.md").write_text(render(run, ev, cfg, a.machine.split(":", 1)[-1].strip(), a.notes))
 
 
 if __name__ == "__main__":

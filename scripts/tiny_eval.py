@@ -62,6 +62,18 @@ def parity(model_dir: Path, ids: torch.Tensor) -> dict[str, float]:
 @torch.no_grad()
 def heldout_metrics(model, tok: Tokenizer, ids: list[int], seq: int, max_windows: int) -> dict:
     """Teacher-forced main/MTP loss by position, bits per byte, MTP k=1 greedy acceptance."""
+    from tiny_model import moe_gates
+
+    gates = moe_gates(model)
+    loads = [torch.zeros(g.num_experts) for g in gates]
+
+    def count(i: int):
+        def hook(module: torch.nn.Module, args: tuple, out: tuple) -> None:  # returns None: output unchanged
+            loads[i] += torch.bincount(out[2].flatten(), minlength=module.num_experts)
+
+        return hook
+
+    hooks = [g.register_forward_hook(count(i)) for i, g in enumerate(gates)]
     byte_len = torch.tensor([len(tok.id_to_token(i)) for i in range(tok.get_vocab_size())])  # 1 char = 1 byte
     nll_sum = torch.zeros(seq, dtype=torch.float64)
     cnt = torch.zeros(seq, dtype=torch.float64)
@@ -85,6 +97,8 @@ def heldout_metrics(model, tok: Tokenizer, ids: list[int], seq: int, max_windows
         mtp_nll_sum += float(F.cross_entropy(mlog[0].float(), chunk[0, 2:], reduction="sum"))
         mtp_top1 += float((draft == chunk[0, 2:]).sum())
         windows += 1
+    for h in hooks:
+        h.remove()
     n_tok, n_mtp = float(cnt.sum()), float(cnt[1:].sum())
     by_pos = {}
     for lo, hi in BUCKETS:
@@ -106,6 +120,8 @@ def heldout_metrics(model, tok: Tokenizer, ids: list[int], seq: int, max_windows
         "mtp_top1": mtp_top1 / n_mtp,
         "mtp_acceptance": float(acc_sum.sum()) / n_mtp,
         "by_position": by_pos,
+        # share of routed slots per expert, per MoE layer (main layers 1.., then the MTP layer)
+        "expert_load": [[round(float(x), 4) for x in c / c.sum()] for c in loads],
     }
 
 
