@@ -61,7 +61,7 @@ def export(model: TinyWithMtp, tok: Tokenizer, tok_cfg: dict, out_dir: Path) -> 
     cfg.architectures = ["DeepseekV3ForCausalLM"]
     cfg.save_pretrained(stage)
     GenerationConfig(
-        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, do_sample=False, max_length=2048
+        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, do_sample=False
     ).save_pretrained(stage)
     tok.save(str(stage / "tokenizer.json"))
     (stage / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
