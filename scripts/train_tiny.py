@@ -26,8 +26,9 @@ from tiny_data import (
     tokenizer_config,
     train_tokenizer,
 )
-from tiny_export import export
+from tiny_export import export, load_tiny
 from tiny_model import TinyGeometry, TinyWithMtp, build_config, count_params, moe_gates
+from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-min", type=float, default=5.0)
+    p.add_argument(
+        "--init-from", type=Path, default=None, help="continue from an exported checkpoint (+ its tokenizer)"
+    )
+    p.add_argument(
+        "--repeat-frac", type=float, default=0.0, help="share of windows that repeat a segment (copy task)"
+    )
     p.add_argument("--tiny-geometry", action="store_true", help="a very small model, for smoke tests only")
     return p.parse_args(argv)
 
@@ -150,7 +157,11 @@ def prepare(a: argparse.Namespace):
     train_texts = [document(root, p) for p in train_files]
     held_text = "".join(document(root, p) for p in held_files)
     t0 = time.time()
-    tok = train_tokenizer(train_texts, a.vocab)
+    tok = (
+        Tokenizer.from_file(str(a.init_from / "tokenizer.json"))
+        if a.init_from
+        else train_tokenizer(train_texts, a.vocab)
+    )
     stream = encode_stream(tok, train_texts)
     info = {
         "corpus_root": str(root),
@@ -163,6 +174,16 @@ def prepare(a: argparse.Namespace):
         "tokenizer_seconds": round(time.time() - t0, 1),
     }
     return tok, stream, held_text, info
+
+
+def make_window(stream: np.ndarray, rng: np.random.Generator, a: argparse.Namespace) -> np.ndarray:
+    """seq + 1 tokens from a uniform start; with --repeat-frac, some windows instead cycle one natural
+    segment of seq/8..seq/2 tokens (a copy task that makes induction heads form sooner)."""
+    s = int(rng.integers(0, stream.size - a.seq - 1))
+    if a.repeat_frac and rng.random() < a.repeat_frac:
+        k = int(rng.integers(a.seq // 8, a.seq // 2 + 1))
+        return np.resize(stream[s : s + k], a.seq + 1)  # segment, segment, ... cut to seq + 1
+    return stream[s : s + a.seq + 1]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,6 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = build_config(geo, bos_token_id=tok.token_to_id("<|bos|>"), eos_token_id=tok.token_to_id("<|eos|>"))
     cfg._attn_implementation = "sdpa"
     model = TinyWithMtp(cfg)
+    if a.init_from:
+        model = load_tiny(a.init_from).train()
+        model.lm.config._attn_implementation = "sdpa"
+        model.mtp.layer.self_attn.config._attn_implementation = "sdpa"
     print(json.dumps(count_params(model)), flush=True)
     balancer = BiasBalancer(moe_gates(model), a.bias_speed, a.balance_alpha)
     opt = make_optimizer(model, a.lr)
@@ -191,8 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     step = 0
     while step < a.steps:
         plan_decay(step, (time.time() - t_train) / 60, a)
-        starts = rng.integers(0, stream.size - a.seq - 1, size=a.batch)
-        batch = torch.from_numpy(np.stack([stream[s : s + a.seq + 1] for s in starts]).astype(np.int64))
+        windows = [make_window(stream, rng, a) for _ in range(a.batch)]
+        batch = torch.from_numpy(np.stack(windows).astype(np.int64))  # (B, seq + 1)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, a)
         _, _, main_ce, mtp_ce = model(batch)  # batch: (B, seq + 1)
