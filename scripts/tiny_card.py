@@ -18,11 +18,45 @@ def _table(rows: list[list[str]], head: list[str]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str) -> str:
-    h, a = ev["heldout"], run["args"]
+def _stage(run: dict, n: int, total: int) -> str:
+    """One training stage as markdown bullets, with the command that replays it exactly."""
+    a = run["args"]
+    steps = run["steps_done"]
+    decay = a["decay_start"] if a["decay_start"] not in (None, "None") else steps
+    init = a.get("init_from")
+    init = None if init in (None, "None") else init
+    cmd = (
+        f"python scripts/train_tiny.py --steps {steps} --decay-start {decay} --batch {a['batch']} "
+        f"--warmup {a['warmup']} --lr {a['lr']} --seed {a['seed']}"
+        + (f" --init-from <stage {n - 1} checkpoint> --repeat-frac {a['repeat_frac']}" if init else "")
+    )
     last = run["history"][-20:]
-    train_main = sum(r["main"] for r in last) / len(last)
-    train_mtp = sum(r["mtp"] for r in last) / len(last)
+    main = sum(r["main"] for r in last) / len(last)
+    mtp = sum(r["mtp"] for r in last) / len(last)
+    repeat = float(a.get("repeat_frac") or 0)
+    what = (
+        f"continues from stage {n - 1}'s checkpoint with fresh AdamW state; {100 * repeat:.0f} % of its windows "
+        "are a copy task (one natural segment of 256-1024 tokens repeated cyclically to 2048 tokens, so that "
+        "attention learns to look far back; the held-out text has no such repeats)"
+        if init
+        else "from scratch"
+    )
+    lr = (
+        f"lr {a['lr']}, {a['warmup']} warmup steps, constant, then linear decay to {a['min_lr_ratio']} x from "
+        f"step {decay}"
+        if decay != steps
+        else f"lr {a['lr']}, {a['warmup']} warmup steps, then constant"
+    )
+    return (
+        f"- Stage {n} of {total} ({what}): {steps} steps of {a['batch']} x {a['seq']}-token windows drawn uniformly "
+        f"from the token stream ({steps * int(a['batch']) * int(a['seq']):,} tokens), {lr}; "
+        f"{run['train_minutes']} min. Training loss over its last 20 steps: main {main:.3f}, "
+        f"MTP {mtp:.3f} nats/token. Replay: `{cmd}`"
+    )
+
+
+def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str, stage1: dict | None = None) -> str:
+    h, a = ev["heldout"], run["args"]
     pos_rows = [
         [k, f"{v['loss']:.3f}", f"{100 * v['mtp_acceptance']:.1f} %", str(v["tokens"])]
         for k, v in h["by_position"].items()
@@ -44,11 +78,9 @@ def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str) -> str:
         for s in ev["samples"]
     )
     p, par = run["params"], ev["parity"]
-    cmd = (
-        f"python scripts/train_tiny.py --steps {a['steps']} --decay-start {a['decay_start']} "
-        f"--batch {a['batch']} --warmup {a['warmup']} --lr {a['lr']} --bias-speed {a['bias_speed']} "
-        f"--balance-alpha {a.get('balance_alpha')} --seed {a['seed']}"
-    )
+    runs = [r for r in (stage1, run) if r]
+    stages = "\n".join(_stage(r, i + 1, len(runs)) for i, r in enumerate(runs))
+    total_min = round(sum(float(r["train_minutes"]) for r in runs), 1)
     return f"""# mlaq-tiny
 
 A small model with DeepSeek-V3's architecture (`model_type: deepseek_v3`; MLA, sigmoid-routed MoE with a
@@ -82,16 +114,11 @@ not stored for the MTP layer: the main model's embedding and lm_head are used. t
   in DeepSeek-V3). Routers: DeepSeek-V3's auxiliary-loss-free balancing, bias speed
   gamma={a["bias_speed"]} per step (DeepSeek-V3 uses 1e-3 over far more steps; 1e-3 let the routers
   collapse onto two experts in this short run), plus DeepSeek-V3's complementary sequence-wise balance
-  loss with alpha={a.get("balance_alpha")} (DeepSeek-V3: 1e-4).
-- {run["steps_done"]} steps of {a["batch"]} x {a["seq"]}-token windows drawn uniformly from the token
-  stream ({run["steps_done"] * int(a["batch"]) * int(a["seq"]):,} tokens), AdamW (0.9, 0.95, wd 0.1),
-  lr {a["lr"]} with {a["warmup"]} warmup steps, constant, linear decay to {a["min_lr_ratio"]} x from step
-  {a["decay_start"]} (the decay start was chosen from a {a["time_budget_min"]}-minute wall-time budget;
-  the command below replays it exactly), grad-norm clip 1.0, fp32, seed {a["seed"]}.
-- Reproduce: `{cmd}`
-- Wall time: {run["train_minutes"]} min training, {run["total_minutes"]} min in all, on {machine}
-  (2 cores, shared with other jobs, `nice -n 10`), torch {run["torch"]}.
-  Training loss over the last 20 steps: main {train_main:.3f}, MTP {train_mtp:.3f} nats/token.
+  loss with alpha={a.get("balance_alpha")} (DeepSeek-V3: 1e-4). AdamW (0.9, 0.95), weight decay 0.1 on
+  matrices, grad-norm clip 1.0, fp32, windows in an order fixed by the seed.
+{stages}
+- Wall time on {machine} (2 cores, shared with other jobs' test runs, `nice -n 10`), torch {run["torch"]}:
+  {total_min} min of training in all.
 
 ## Held-out evaluation (`python scripts/tiny_eval.py`)
 `heldout.txt`: {ev["text_tokens"]:,} tokens in {h["windows"]} windows of up to 2048 tokens (teacher forced).
@@ -124,12 +151,16 @@ def main() -> None:
     p.add_argument("--run", type=Path, default=Path("/work/tiny-runs/run_info.json"))
     p.add_argument("--eval", type=Path, default=Path("/work/tiny-runs/eval.json"))
     p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny")
+    p.add_argument("--stage1", type=Path, default=None, help="run_info.json of an earlier stage")
     p.add_argument("--machine", default="unknown CPU")
     p.add_argument("--notes", default="", help="extra markdown appended to the card")
     a = p.parse_args()
     run, ev = json.loads(a.run.read_text()), json.loads(a.eval.read_text())
     cfg = json.loads((a.model / "config.json").read_text())
-    (a.model / "README.md").write_text(render(run, ev, cfg, a.machine.split(":", 1)[-1].strip(), a.notes))
+    stage1 = json.loads(a.stage1.read_text()) if a.stage1 else None
+    (a.model / "README.md").write_text(
+        render(run, ev, cfg, a.machine.split(":", 1)[-1].strip(), a.notes, stage1)
+    )
 
 
 if __name__ == "__main__":
