@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--repeat-frac", type=float, default=0.0, help="share of windows that repeat a segment (copy task)"
     )
+    p.add_argument("--repeat-min", type=int, default=0, help="shortest repeated segment (0: seq/8)")
+    p.add_argument("--repeat-max", type=int, default=0, help="longest repeated segment (0: seq/2)")
     p.add_argument("--tiny-geometry", action="store_true", help="a very small model, for smoke tests only")
     return p.parse_args(argv)
 
@@ -178,10 +180,11 @@ def prepare(a: argparse.Namespace):
 
 def make_window(stream: np.ndarray, rng: np.random.Generator, a: argparse.Namespace) -> np.ndarray:
     """seq + 1 tokens from a uniform start; with --repeat-frac, some windows instead cycle one natural
-    segment of seq/8..seq/2 tokens (a copy task that makes induction heads form sooner)."""
+    segment of --repeat-min..--repeat-max tokens (default seq/8..seq/2; a copy task that makes induction
+    heads form sooner)."""
     s = int(rng.integers(0, stream.size - a.seq - 1))
     if a.repeat_frac and rng.random() < a.repeat_frac:
-        k = int(rng.integers(a.seq // 8, a.seq // 2 + 1))
+        k = int(rng.integers(a.repeat_min or a.seq // 8, (a.repeat_max or a.seq // 2) + 1))
         return np.resize(stream[s : s + k], a.seq + 1)  # segment, segment, ... cut to seq + 1
     return stream[s : s + a.seq + 1]
 
