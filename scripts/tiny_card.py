@@ -25,19 +25,27 @@ def _stage(run: dict, n: int, total: int) -> str:
     decay = a["decay_start"] if a["decay_start"] not in (None, "None") else steps
     init = a.get("init_from")
     init = None if init in (None, "None") else init
+    repeat = float(a.get("repeat_frac") or 0)
+    seq = int(a["seq"])
+    lo = int(a.get("repeat_min") or 0) or seq // 8
+    hi = int(a.get("repeat_max") or 0) or seq // 2
     cmd = (
         f"python scripts/train_tiny.py --steps {steps} --decay-start {decay} --batch {a['batch']} "
         f"--warmup {a['warmup']} --lr {a['lr']} --seed {a['seed']}"
         + (f" --init-from <stage {n - 1} checkpoint> --repeat-frac {a['repeat_frac']}" if init else "")
+        + (
+            f" --repeat-min {lo} --repeat-max {hi}"
+            if init and (a.get("repeat_min") not in (None, "0"))
+            else ""
+        )
     )
     last = run["history"][-20:]
     main = sum(r["main"] for r in last) / len(last)
     mtp = sum(r["mtp"] for r in last) / len(last)
-    repeat = float(a.get("repeat_frac") or 0)
     what = (
         f"continues from stage {n - 1}'s checkpoint with fresh AdamW state; {100 * repeat:.0f} % of its windows "
-        "are a copy task (one natural segment of 256-1024 tokens repeated cyclically to 2048 tokens, so that "
-        "attention learns to look far back; the held-out text has no such repeats)"
+        f"are a copy task (one natural segment of {lo}-{hi} tokens repeated cyclically to {seq} tokens, so that "
+        "attention learns to find and copy earlier context; the held-out text has no such repeats)"
         if init
         else "from scratch"
     )
@@ -55,7 +63,7 @@ def _stage(run: dict, n: int, total: int) -> str:
     )
 
 
-def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str, stage1: dict | None = None) -> str:
+def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str, earlier: list[dict]) -> str:
     h, a = ev["heldout"], run["args"]
     pos_rows = [
         [k, f"{v['loss']:.3f}", f"{100 * v['mtp_acceptance']:.1f} %", str(v["tokens"])]
@@ -78,7 +86,7 @@ def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str, stage1: dic
         for s in ev["samples"]
     )
     p, par = run["params"], ev["parity"]
-    runs = [r for r in (stage1, run) if r]
+    runs = [*earlier, run]
     stages = "\n".join(_stage(r, i + 1, len(runs)) for i, r in enumerate(runs))
     total_min = round(sum(float(r["train_minutes"]) for r in runs), 1)
     return f"""# mlaq-tiny
@@ -151,15 +159,17 @@ def main() -> None:
     p.add_argument("--run", type=Path, default=Path("/work/tiny-runs/run_info.json"))
     p.add_argument("--eval", type=Path, default=Path("/work/tiny-runs/eval.json"))
     p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny")
-    p.add_argument("--stage1", type=Path, default=None, help="run_info.json of an earlier stage")
+    p.add_argument(
+        "--earlier", type=Path, nargs="*", default=[], help="run_info.json of earlier stages, in order"
+    )
     p.add_argument("--machine", default="unknown CPU")
     p.add_argument("--notes", default="", help="extra markdown appended to the card")
     a = p.parse_args()
     run, ev = json.loads(a.run.read_text()), json.loads(a.eval.read_text())
     cfg = json.loads((a.model / "config.json").read_text())
-    stage1 = json.loads(a.stage1.read_text()) if a.stage1 else None
+    earlier = [json.loads(x.read_text()) for x in a.earlier]
     (a.model / "README.md").write_text(
-        render(run, ev, cfg, a.machine.split(":", 1)[-1].strip(), a.notes, stage1)
+        render(run, ev, cfg, a.machine.split(":", 1)[-1].strip(), a.notes, earlier)
     )
 
 
