@@ -2,8 +2,16 @@
 
     /work/venv/bin/python bench/decode.py                  # bundled mlaq-tiny if present, else a random tiny checkpoint
     /work/venv/bin/python bench/decode.py --model DIR --batches 1 4 16 --new-tokens 64
+    /work/venv/bin/python bench/decode.py --threads 1 --compile   # + mlaq with compile=True
 
-Tokens/s = generated tokens / wall time of the whole generate call (prefill included), greedy,
+With --compile, a second table gives ``LLM(..., compile=True)`` (torch.compile'd decode / MTP steps)
+at every batch, with MTP only at --compile-spec-batches (default 1). Its warm-up covers every shape of
+the timed run (it is the same run), so compilation is excluded from tok/s and reported separately
+(warm-up time minus timed time). Graphs are reused across LLM instances of one process where guards
+allow (same code, shapes already seen), so later rows may show little or no compile time.
+
+Tokens/s = generated tokens / wall time of the whole generate call (prefill included; the fastest of
+--repeats runs), greedy,
 ignore_eos, fp32 on CPU, one thread set by --threads. Ratios are mlaq / transformers at equal batch.
 Speculative rows also give vLLM's mean acceptance length.
 """
@@ -56,7 +64,10 @@ def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
     return torch.randint(3, vocab, (batch, length), generator=g).tolist()
 
 
-def bench_mlaq(path: Path, batch: int, args: argparse.Namespace, k: int) -> tuple[float, str]:
+def bench_mlaq(
+    path: Path, batch: int, args: argparse.Namespace, k: int, compile: bool = False
+) -> tuple[float, str, float]:
+    """(tokens/s, acceptance note, warm-up seconds: the compile time with ``compile``)."""
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
     llm = LLM(
         path,
@@ -64,18 +75,28 @@ def bench_mlaq(path: Path, batch: int, args: argparse.Namespace, k: int) -> tupl
         max_model_len=args.prompt_len + args.new_tokens + 8,
         max_num_seqs=batch,
         speculative_config=spec,
+        compile=compile,
     )
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     ps = [{"prompt_token_ids": p} for p in prompts(batch, args.prompt_len, llm.engine.model.vocab_size)]
-    llm.generate(ps[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
+    # warm-up; compiled: the very run that is timed, so every shape it meets is compiled before
     start = time.perf_counter()
-    outs = llm.generate(ps, params)
-    elapsed = time.perf_counter() - start
+    llm.generate(
+        ps if compile else ps[:1],
+        params if compile else SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+    )
+    warm_s = time.perf_counter() - start
+    elapsed = float("inf")
+    for _ in range(args.repeats):  # best of: the machine may be shared
+        start = time.perf_counter()
+        outs = llm.generate(ps, params)
+        elapsed = min(elapsed, time.perf_counter() - start)
+    warm_s -= elapsed if compile else 0.0  # compiled: the warm-up's extra time, i.e. compilation
     stats = llm.spec_decoding_stats
     note = ""
     if stats is not None and stats.num_drafts:
         note = f"mean acceptance length {stats.mean_acceptance_length:.2f}"
-    return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed, note
+    return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed, note, warm_s
 
 
 def bench_transformers(path: Path, batch: int, args: argparse.Namespace) -> float:
@@ -88,9 +109,11 @@ def bench_transformers(path: Path, batch: int, args: argparse.Namespace) -> floa
     kw = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False}
     with torch.no_grad():
         model.generate(ids[:1], max_new_tokens=2, do_sample=False)  # warm-up
-        start = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        elapsed = time.perf_counter() - start
+        elapsed = float("inf")
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            elapsed = min(elapsed, time.perf_counter() - start)
     return (out.shape[1] - ids.shape[1]) * batch / elapsed
 
 
@@ -102,6 +125,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the fastest counts")
+    p.add_argument("--compile", action="store_true", help="also mlaq with compile=True (second table)")
+    p.add_argument("--compile-spec-batches", type=int, nargs="*", default=[1])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,21 +138,51 @@ def main() -> None:
         print(
             f"machine: {cpu_name()} ({os.cpu_count()} cores), {args.threads} thread(s), torch {torch.__version__}"
         )
-        print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, greedy, fp32\n")
+        print(
+            f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, greedy, fp32, "
+            f"best of {args.repeats} runs\n"
+        )
         print(
             "| batch | transformers tok/s | mlaq tok/s | ratio | "
             + " | ".join(f"mlaq MTP k={k} tok/s (ratio; accept len)" for k in args.spec)
             + " |"
         )
         print("|" + "---|" * (4 + len(args.spec)))
+        compiled_rows = []
         for batch in args.batches:
             hf = bench_transformers(path, batch, args)
-            plain, _ = bench_mlaq(path, batch, args, 0)
+            plain, _, _ = bench_mlaq(path, batch, args, 0)
             cells = [f"{batch}", f"{hf:.1f}", f"{plain:.1f}", f"{plain / hf:.2f}x"]
             for k in args.spec:
-                tps, note = bench_mlaq(path, batch, args, k)
+                tps, note, _ = bench_mlaq(path, batch, args, k)
                 cells.append(f"{tps:.1f} ({tps / hf:.2f}x; {note.split()[-1] if note else '-'})")
             print("| " + " | ".join(cells) + " |", flush=True)
+            if args.compile:
+                compiled_rows.append(compiled_row(path, batch, args, hf, plain))
+        if args.compile:
+            print("\nmlaq compile=True (ratios vs transformers; compile = warm-up seconds, not in tok/s)\n")
+            print(
+                "| batch | mlaq compiled tok/s | vs transformers | vs mlaq eager | compile s | "
+                + " | ".join(f"compiled MTP k={k} tok/s (ratio; compile s)" for k in args.spec)
+                + " |"
+            )
+            print("|" + "---|" * (5 + len(args.spec)))
+            for row in compiled_rows:
+                print(row)
+
+
+def compiled_row(path: Path, batch: int, args: argparse.Namespace, hf: float, eager: float) -> str:
+    tps, _, warm = bench_mlaq(path, batch, args, 0, compile=True)
+    cells = [f"{batch}", f"{tps:.1f}", f"{tps / hf:.2f}x", f"{tps / eager:.2f}x", f"{warm:.0f}"]
+    for k in args.spec:
+        if batch in args.compile_spec_batches:
+            spec, _, warm = bench_mlaq(path, batch, args, k, compile=True)
+            cells.append(f"{spec:.1f} ({spec / hf:.2f}x; {warm:.0f})")
+        else:
+            cells.append("-")
+    row = "| " + " | ".join(cells) + " |"
+    print(f"compiled: {row}", flush=True)
+    return row
 
 
 if __name__ == "__main__":

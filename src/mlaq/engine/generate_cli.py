@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated (one prompt)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="run decode / MTP steps through torch.compile (inductor; compiles on first use)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         args.model,
         dtype=dtype,
         quantization_config=args.quantization_config,
+        compile=args.compile,
         max_model_len=args.max_model_len,
         kv_cache_dtype=args.kv_cache_dtype,
         speculative_config=args.speculative_config,

@@ -27,7 +27,10 @@ Prompt = str | Mapping[str, Any]  # text, {"prompt": text} or {"prompt_token_ids
 
 
 class LLM:
-    """A model plus an engine. ``model`` is a checkpoint directory or a ready ``LatentLM``."""
+    """A model plus an engine. ``model`` is a checkpoint directory or a ready ``LatentLM``.
+
+    ``compile=True``: decode, verification and MTP steps run through ``torch.compile`` (see
+    ``mlaq.engine.compiled``; mlaq's own DeepSeek models without DSA only). Off by default."""
 
     def __init__(
         self,
@@ -44,6 +47,7 @@ class LLM:
         speculative_config: str | Mapping[str, Any] | None = None,
         seed: int = 0,
         eos_token_ids: Sequence[int] | None = None,
+        compile: bool = False,
     ) -> None:
         limit = None
         if isinstance(model, (str, Path)):
@@ -53,6 +57,8 @@ class LLM:
             model, limit = loaded.model, loaded.max_position_embeddings
             tokenizer = tokenizer or loaded.tokenizer
             eos_token_ids = eos_token_ids if eos_token_ids is not None else loaded.eos_token_ids
+        if compile:
+            model = _compiled(model)
         if eos_token_ids is None:
             eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else ()
         if max_model_len is None:
@@ -143,3 +149,12 @@ class LLM:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return self.generate({"prompt": text, "prompt_token_ids": ids}, sampling_params)[0]
+
+
+def _compiled(model: LatentLM) -> LatentLM:
+    from mlaq.engine.adapter import DeepseekLatentLM
+    from mlaq.engine.compiled import CompiledLatentLM
+
+    if not isinstance(model, DeepseekLatentLM):
+        raise ValueError(f"compile=True needs one of mlaq's DeepSeek models, got {type(model).__name__}")
+    return model if isinstance(model, CompiledLatentLM) else CompiledLatentLM(model.model)

@@ -1,0 +1,177 @@
+"""Render mlaq-tiny's model card (README.md) from the training record and the evaluation output.
+
+    /work/venv/bin/python scripts/tiny_card.py --run /work/tiny-runs/run_info.json \
+        --eval /work/tiny-runs/eval.json --machine "$(lscpu | grep 'Model name')"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _table(rows: list[list[str]], head: list[str]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _stage(run: dict, n: int, total: int) -> str:
+    """One training stage as markdown bullets, with the command that replays it exactly."""
+    a = run["args"]
+    steps = run["steps_done"]
+    decay = a["decay_start"] if a["decay_start"] not in (None, "None") else steps
+    init = a.get("init_from")
+    init = None if init in (None, "None") else init
+    repeat = float(a.get("repeat_frac") or 0)
+    seq = int(a["seq"])
+    lo = int(a.get("repeat_min") or 0) or seq // 8
+    hi = int(a.get("repeat_max") or 0) or seq // 2
+    cmd = (
+        f"python scripts/train_tiny.py --steps {steps} --decay-start {decay} --batch {a['batch']} "
+        f"--warmup {a['warmup']} --lr {a['lr']} --seed {a['seed']}"
+        + (f" --init-from <stage {n - 1} checkpoint> --repeat-frac {a['repeat_frac']}" if init else "")
+        + (
+            f" --repeat-min {lo} --repeat-max {hi}"
+            if init and (a.get("repeat_min") not in (None, "0"))
+            else ""
+        )
+    )
+    last = run["history"][-20:]
+    main = sum(r["main"] for r in last) / len(last)
+    mtp = sum(r["mtp"] for r in last) / len(last)
+    what = (
+        f"continues from stage {n - 1}'s checkpoint with fresh AdamW state; {100 * repeat:.0f} % of its windows "
+        f"are a copy task (one natural segment of {lo}-{hi} tokens repeated cyclically to {seq} tokens, so that "
+        "attention learns to find and copy earlier context; the held-out text has no such repeats)"
+        if init
+        else "from scratch"
+    )
+    lr = (
+        f"lr {a['lr']}, {a['warmup']} warmup steps, constant, then linear decay to {a['min_lr_ratio']} x from "
+        f"step {decay}"
+        if decay != steps
+        else f"lr {a['lr']}, {a['warmup']} warmup steps, then constant"
+    )
+    return (
+        f"- Stage {n} of {total} ({what}): {steps} steps of {a['batch']} x {a['seq']}-token windows drawn uniformly "
+        f"from the token stream ({steps * int(a['batch']) * int(a['seq']):,} tokens), {lr}; "
+        f"{run['train_minutes']} min. Training loss over its last 20 steps: main {main:.3f}, "
+        f"MTP {mtp:.3f} nats/token. Replay: `{cmd}`"
+    )
+
+
+def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str, earlier: list[dict]) -> str:
+    h, a = ev["heldout"], run["args"]
+    pos_rows = [
+        [k, f"{v['loss']:.3f}", f"{100 * v['mtp_acceptance']:.1f} %", str(v["tokens"])]
+        for k, v in h["by_position"].items()
+    ]
+    geo = ", ".join(
+        f"{k}={cfg[k]}"
+        for k in (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "q_lora_rank",
+            "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "intermediate_size",
+            "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "n_group", "topk_group",
+            "n_shared_experts", "first_k_dense_replace", "routed_scaling_factor", "num_nextn_predict_layers",
+            "max_position_embeddings",
+        )
+    )  # fmt: skip
+    samples = "\n\n".join(
+        f"Prompt (held-out token offset {s['offset']}, last 40 tokens shown):\n```\n{s['prompt_tail']}\n```\n"
+        f"Greedy completion (48 tokens):\n```\n{s['completion']}\n```\n"
+        f"Actual continuation:\n```\n{s['truth']}\n```"
+        for s in ev["samples"]
+    )
+    p, par = run["params"], ev["parity"]
+    runs = [*earlier, run]
+    stages = "\n".join(_stage(r, i + 1, len(runs)) for i, r in enumerate(runs))
+    total_min = round(sum(float(r["train_minutes"]) for r in runs), 1)
+    return f"""# mlaq-tiny
+
+A small model with DeepSeek-V3's architecture (`model_type: deepseek_v3`; MLA, sigmoid-routed MoE with a
+shared expert and `noaux_tc` correction bias, one MTP layer), trained from scratch on CPU on Python
+standard-library source so that mlaq has a real MLA checkpoint to measure out of the box. It is a test
+article, not a useful language model.
+
+## Architecture
+{geo}; `rope_interleave: true`, `scoring_func: sigmoid`, `topk_method: noaux_tc`, untied embeddings.
+Layer 0 is dense, layers 1..{cfg["num_hidden_layers"] - 1} are MoE. Parameters: {p["total"]:,} in all
+({p["main"]:,} main model, of which {p["embeddings_and_lm_head"]:,} embeddings + lm_head; {p["mtp"]:,} MTP layer).
+Weights are bf16 (`e_score_correction_bias` fp32, as in DeepSeek-V3's checkpoints).
+
+**MTP layer** = `model.layers.{cfg["num_hidden_layers"]}.*` (Hugging Face names, DeepSeek-V3 layout):
+`h' = eh_proj(concat(enorm(embed(x[t+1])), hnorm(h[t])))` (embedding half first), then one full decoder
+layer (MLA + MoE, causal, RoPE position t), then `shared_head.norm` and the main `lm_head`; it predicts
+x[t+2] at position t. `h[t]` is the main model's final hidden state AFTER the final norm `model.norm`
+(what vLLM passes to its MTP layer as `previous_hidden_states`). `embed_tokens` and `shared_head.head` are
+not stored for the MTP layer: the main model's embedding and lm_head are used. transformers'
+`DeepseekV3ForCausalLM.from_pretrained` loads the main model and reports the MTP keys as unexpected.
+
+## Training
+- Corpus: the `.py` files of CPython {run["python"]}'s standard library ({run["train_files"]} files,
+  {run["train_bytes"]:,} bytes, {run["train_tokens"]:,} tokens), excluding `test/`, `encodings/`,
+  `pydoc_data/`; each file is preceded by a line `# file: <relative path>`. Held out (never trained on,
+  tokenizer included): top-level packages/modules {", ".join(run["heldout_names"])}, concatenated in
+  sorted path order into `heldout.txt` ({run["heldout_bytes"]:,} bytes).
+- Tokenizer: byte-level BPE (`tokenizers`), vocabulary {cfg["vocab_size"]} incl. `<|bos|>`, `<|eos|>`,
+  `<|pad|>` (ids 0-2); no BOS is added to text.
+- Objective: next-token cross-entropy + {a["mtp_weight"]} x MTP next-next-token cross-entropy (joint, as
+  in DeepSeek-V3). Routers: DeepSeek-V3's auxiliary-loss-free balancing, bias speed
+  gamma={a["bias_speed"]} per step (DeepSeek-V3 uses 1e-3 over far more steps; 1e-3 let the routers
+  collapse onto two experts in this short run), plus DeepSeek-V3's complementary sequence-wise balance
+  loss with alpha={a.get("balance_alpha")} (DeepSeek-V3: 1e-4). AdamW (0.9, 0.95), weight decay 0.1 on
+  matrices, grad-norm clip 1.0, fp32, windows in an order fixed by the seed.
+{stages}
+- Wall time on {machine} (2 cores, shared with other jobs' test runs, `nice -n 10`), torch {run["torch"]}:
+  {total_min} min of training in all.
+
+## Held-out evaluation (`python scripts/tiny_eval.py`)
+`heldout.txt`: {ev["text_tokens"]:,} tokens in {h["windows"]} windows of up to 2048 tokens (teacher forced).
+- Loss {h["loss"]:.3f} nats/token = **{h["bits_per_byte"]:.3f} bits per byte** (total nats / ln 2 /
+  {h["bytes"]:,} bytes of the predicted tokens); top-1 accuracy {100 * h["main_top1"]:.1f} %.
+- MTP: loss {h["mtp_loss"]:.3f}, top-1 accuracy of x[t+2] {100 * h["mtp_top1"]:.1f} %;
+  **greedy acceptance (k=1) {100 * h["mtp_acceptance"]:.1f} %** = share of positions t where the MTP
+  head's argmax (given the true x[t+1]) equals the main model's greedy prediction at t+1.
+
+Loss and MTP acceptance by context position (position within the 2048-token window):
+
+{_table(pos_rows, ["positions", "loss (nats/token)", "MTP acceptance", "tokens"])}
+
+Routed-expert load on the held-out text (share of routed slots per expert; uniform = {1 / cfg["n_routed_experts"]:.3f}):
+
+{_table([[f"{i + 1}" if i + 1 < cfg["num_hidden_layers"] else "MTP", " ".join(f"{x:.3f}" for x in row)] for i, row in enumerate(h["expert_load"])], ["MoE layer", "expert shares"])}
+
+Loading check: `DeepseekV3ForCausalLM.from_pretrained` (sdpa) vs the training module holding the same
+weights (eager attention): max |logit difference| {par["main_logits_max_abs_diff"]:.2e} (main),
+{par["mtp_logits_max_abs_diff"]:.2e} (MTP) at logit scale {par["logit_scale"]:.1f}.
+Evaluation took {ev["eval_seconds"]} s.
+
+## Samples (greedy, held-out prompts of 256 tokens)
+{samples}
+{notes}"""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", type=Path, default=Path("/work/tiny-runs/run_info.json"))
+    p.add_argument("--eval", type=Path, default=Path("/work/tiny-runs/eval.json"))
+    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny")
+    p.add_argument(
+        "--earlier", type=Path, nargs="*", default=[], help="run_info.json of earlier stages, in order"
+    )
+    p.add_argument("--machine", default="unknown CPU")
+    p.add_argument("--notes", default="", help="extra markdown appended to the card")
+    a = p.parse_args()
+    run, ev = json.loads(a.run.read_text()), json.loads(a.eval.read_text())
+    cfg = json.loads((a.model / "config.json").read_text())
+    earlier = [json.loads(x.read_text()) for x in a.earlier]
+    (a.model / "README.md").write_text(
+        render(run, ev, cfg, a.machine.split(":", 1)[-1].strip(), a.notes, earlier)
+    )
+
+
+if __name__ == "__main__":
+    main()

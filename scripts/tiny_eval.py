@@ -1,0 +1,179 @@
+"""Evaluate mlaq-tiny on its held-out text: loss by context position, bits per byte, MTP acceptance.
+
+    /work/venv/bin/python scripts/tiny_eval.py --model src/mlaq/assets/mlaq-tiny --json /work/tiny-runs/eval.json
+
+Also checks that transformers' from_pretrained reproduces the logits of the training module (TinyWithMtp)
+holding the same weights, and prints a few greedy completions of held-out prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from tiny_export import load_tiny
+from tokenizers import Tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+BUCKETS = ((0, 64), (64, 256), (256, 512), (512, 1024), (1024, 2048))
+
+
+def parity(model_dir: Path, ids: torch.Tensor) -> dict[str, float]:
+    """Max |logit| difference: from_pretrained model vs the training module given the raw state dict."""
+    from tiny_model import TinyWithMtp
+    from transformers import DeepseekV3Config
+
+    loaded = load_tiny(model_dir)
+    cfg = DeepseekV3Config.from_pretrained(model_dir)
+    cfg._attn_implementation = "eager"  # a different attention path from the loaded (sdpa) model
+    train_mod = TinyWithMtp(cfg)
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        raw = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118
+    n = cfg.num_hidden_layers
+    main = {k: v for k, v in raw.items() if not k.startswith(f"model.layers.{n}.")}
+    for i in range(1, n):  # checkpoint expert layout -> fused tensors, written out by hand (independent path)
+        pre = f"model.layers.{i}.mlp.experts."
+        e = range(cfg.n_routed_experts)
+        main[pre + "gate_up_proj"] = torch.stack(
+            [
+                torch.cat([main.pop(f"{pre}{j}.gate_proj.weight"), main.pop(f"{pre}{j}.up_proj.weight")])
+                for j in e
+            ]
+        )
+        main[pre + "down_proj"] = torch.stack([main.pop(f"{pre}{j}.down_proj.weight") for j in e])
+    train_mod.lm.load_state_dict(main, strict=True)
+    train_mod.mtp.load_state_dict(loaded.mtp.state_dict(), strict=True)
+    with torch.no_grad():
+        a = loaded(ids)
+        b = train_mod.eval()(ids)
+    return {
+        "main_logits_max_abs_diff": float((a[0] - b[0]).abs().max()),
+        "mtp_logits_max_abs_diff": float((a[1] - b[1]).abs().max()),
+        "logit_scale": float(a[0].abs().max()),
+    }
+
+
+@torch.no_grad()
+def heldout_metrics(model, tok: Tokenizer, ids: list[int], seq: int, max_windows: int) -> dict:
+    """Teacher-forced main/MTP loss by position, bits per byte, MTP k=1 greedy acceptance."""
+    from tiny_model import moe_gates
+
+    gates = moe_gates(model)
+    loads = [torch.zeros(g.num_experts) for g in gates]
+
+    def count(i: int):
+        def hook(module: torch.nn.Module, args: tuple, out: tuple) -> None:  # returns None: output unchanged
+            loads[i] += torch.bincount(out[2].flatten(), minlength=module.num_experts)
+
+        return hook
+
+    hooks = [g.register_forward_hook(count(i)) for i, g in enumerate(gates)]
+    byte_len = torch.tensor([len(tok.id_to_token(i)) for i in range(tok.get_vocab_size())])  # 1 char = 1 byte
+    nll_sum = torch.zeros(seq, dtype=torch.float64)
+    cnt = torch.zeros(seq, dtype=torch.float64)
+    acc_sum = torch.zeros(seq, dtype=torch.float64)
+    mtp_nll_sum, mtp_top1, main_top1, bytes_total, windows = 0.0, 0.0, 0.0, 0, 0
+    for start in range(0, len(ids) - 1, seq):
+        chunk = torch.tensor(ids[start : start + seq + 1]).unsqueeze(0)  # (1, <= seq + 1)
+        if chunk.shape[1] < 3 or (max_windows and windows >= max_windows):
+            break
+        logits, mlog, _, _ = model(chunk)  # (1, T, V), (1, T - 1, V)
+        t = logits.shape[1]
+        nll = F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="none").double()
+        nll_sum[:t] += nll
+        cnt[:t] += 1
+        bytes_total += int(byte_len[chunk[0, 1:]].sum())
+        greedy = logits[0].argmax(-1)  # greedy[t] = main prediction of x_{t+1}
+        main_top1 += float((greedy == chunk[0, 1:]).sum())
+        draft = mlog[0].argmax(-1)  # draft[t] = MTP prediction of x_{t+2} given true x_{t+1}
+        acc = (draft == greedy[1:]).double()  # accepted iff the target's greedy token at t+1 agrees
+        acc_sum[: t - 1] += acc
+        mtp_nll_sum += float(F.cross_entropy(mlog[0].float(), chunk[0, 2:], reduction="sum"))
+        mtp_top1 += float((draft == chunk[0, 2:]).sum())
+        windows += 1
+    for h in hooks:
+        h.remove()
+    n_tok, n_mtp = float(cnt.sum()), float(cnt[1:].sum())
+    by_pos = {}
+    for lo, hi in BUCKETS:
+        c = float(cnt[lo:hi].sum())
+        if c:
+            by_pos[f"{lo}-{hi}"] = {
+                "loss": float(nll_sum[lo:hi].sum()) / c,
+                "mtp_acceptance": float(acc_sum[lo:hi].sum()) / max(1.0, float(cnt[lo + 1 : hi + 1].sum())),
+                "tokens": int(c),
+            }
+    return {
+        "windows": windows,
+        "tokens": int(n_tok),
+        "bytes": bytes_total,
+        "loss": float(nll_sum.sum()) / n_tok,
+        "bits_per_byte": float(nll_sum.sum()) / math.log(2) / bytes_total,
+        "main_top1": main_top1 / n_tok,
+        "mtp_loss": mtp_nll_sum / n_mtp,
+        "mtp_top1": mtp_top1 / n_mtp,
+        "mtp_acceptance": float(acc_sum.sum()) / n_mtp,
+        "by_position": by_pos,
+        # share of routed slots per expert, per MoE layer (main layers 1.., then the MTP layer)
+        "expert_load": [[round(float(x), 4) for x in c / c.sum()] for c in loads],
+    }
+
+
+@torch.no_grad()
+def samples(model, tok: Tokenizer, ids: list[int], offsets: list[int], prompt: int, new: int) -> list[dict]:
+    """Greedy completions (transformers generate with its KV cache) of held-out prompts."""
+    out = []
+    for off in offsets:
+        p = torch.tensor(ids[off : off + prompt]).unsqueeze(0)
+        gen = model.lm.generate(
+            p, max_new_tokens=new, do_sample=False, pad_token_id=tok.token_to_id("<|pad|>")
+        )
+        out.append(
+            {
+                "offset": off,
+                "prompt_tail": tok.decode(ids[off + prompt - 40 : off + prompt]),
+                "completion": tok.decode(gen[0, prompt:].tolist()),
+                "truth": tok.decode(ids[off + prompt : off + prompt + new]),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny")
+    p.add_argument("--text", type=Path, default=None, help="evaluation text (default: MODEL/heldout.txt)")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--max-windows", type=int, default=0, help="0 = the whole text")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    t0 = time.time()
+    tok = Tokenizer.from_file(str(a.model / "tokenizer.json"))
+    text = (a.text or a.model / "heldout.txt").read_text()
+    ids = tok.encode(text, add_special_tokens=False).ids
+    model = load_tiny(a.model)
+    res = {
+        "text_bytes": len(text.encode()),
+        "text_tokens": len(ids),
+        "parity": parity(a.model, torch.tensor(ids[:512]).unsqueeze(0)),
+        "heldout": heldout_metrics(model, tok, ids, a.seq, a.max_windows),
+        "samples": samples(model, tok, ids, [len(ids) // 7, len(ids) // 2, (5 * len(ids)) // 6], 256, 48),
+        "params": sum(q.numel() for q in model.parameters()),
+        "eval_seconds": round(time.time() - t0, 1),
+    }
+    print(json.dumps(res, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Train mlaq-tiny (DeepSeek-V3 architecture + MTP) on Python stdlib source; CPU, reproducible from a seed.
+
+    /work/venv/bin/python scripts/train_tiny.py --out src/mlaq/assets/mlaq-tiny --run-dir /work/tiny-runs
+
+A usable checkpoint is exported every --save-every-min minutes and at the end; run scripts/tiny_eval.py
+afterwards for the model card numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tiny_data import (
+    HELDOUT,
+    document,
+    encode_stream,
+    split_corpus,
+    stdlib_dir,
+    tokenizer_config,
+    train_tokenizer,
+)
+from tiny_export import export, load_tiny
+from tiny_model import TinyGeometry, TinyWithMtp, build_config, count_params, moe_gates
+from tokenizers import Tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", type=Path, default=None, help="text directory (default: this Python's stdlib)")
+    p.add_argument("--suffix", default=".py", help="file suffix to read from the corpus")
+    p.add_argument("--heldout", default=",".join(HELDOUT), help="comma-separated top-level names held out")
+    p.add_argument(
+        "--max-files", type=int, default=0, help="use only the first N training files (smoke runs)"
+    )
+    p.add_argument("--out", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny")
+    p.add_argument("--run-dir", type=Path, default=Path("/work/tiny-runs"))
+    p.add_argument("--vocab", type=int, default=6144)
+    p.add_argument("--seq", type=int, default=2048, help="training context (tokens per window)")
+    p.add_argument("--batch", type=int, default=2, help="windows per step")
+    p.add_argument("--steps", type=int, default=480, help="total steps (an upper bound with a time budget)")
+    p.add_argument("--decay-start", type=int, default=None, help="step where LR decay begins (default 80 %%)")
+    p.add_argument("--time-budget-min", type=float, default=0.0, help="choose the decay start from wall time")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=25)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--mtp-weight", type=float, default=0.3, help="lambda of the MTP loss (DeepSeek-V3: 0.3)")
+    p.add_argument(
+        "--bias-speed",
+        type=float,
+        default=1e-2,
+        help="gamma of the aux-loss-free bias update (DeepSeek-V3: 1e-3 over far more steps)",
+    )
+    p.add_argument("--balance-alpha", type=float, default=0.01, help="sequence-wise balance loss weight")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--save-every-min", type=float, default=5.0)
+    p.add_argument(
+        "--init-from", type=Path, default=None, help="continue from an exported checkpoint (+ its tokenizer)"
+    )
+    p.add_argument(
+        "--repeat-frac", type=float, default=0.0, help="share of windows that repeat a segment (copy task)"
+    )
+    p.add_argument("--repeat-min", type=int, default=0, help="shortest repeated segment (0: seq/8)")
+    p.add_argument("--repeat-max", type=int, default=0, help="longest repeated segment (0: seq/2)")
+    p.add_argument("--tiny-geometry", action="store_true", help="a very small model, for smoke tests only")
+    return p.parse_args(argv)
+
+
+def lr_at(step: int, a: argparse.Namespace) -> float:
+    """Warmup-stable-decay: linear warmup, constant, then linear decay to min_lr_ratio * lr at the last step."""
+    if step < a.warmup:
+        return a.lr * (step + 1) / a.warmup
+    if a.decay_start is None or step < a.decay_start:
+        return a.lr
+    frac = (step - a.decay_start) / max(1, a.steps - a.decay_start)
+    return a.lr * (1 - (1 - a.min_lr_ratio) * frac)
+
+
+def plan_decay(step: int, elapsed_min: float, a: argparse.Namespace) -> None:
+    """With --time-budget-min: once 82 % of the budget is spent, start an 18 %-of-steps-so-far decay.
+
+    The chosen --steps/--decay-start are recorded; passing them back reproduces the run exactly.
+    """
+    if a.decay_start is None and a.time_budget_min and elapsed_min >= 0.82 * a.time_budget_min:
+        a.decay_start = step
+        a.steps = min(a.steps, step + max(10, int(0.18 * step)))
+    elif a.decay_start is None and (not a.time_budget_min or step >= int(0.8 * a.steps)):
+        a.decay_start = int(0.8 * a.steps)
+
+
+class BiasBalancer:
+    """DeepSeek-V3's load balancing (section 2.1.2): after each step, e_score_correction_bias of each
+    router moves by gamma * sign(mean load - expert load) (auxiliary-loss-free); plus the complementary
+    sequence-wise balance loss alpha * sum_i f_i P_i (eq. 17-20), collected by a forward hook."""
+
+    def __init__(self, gates: list[torch.nn.Module], gamma: float, alpha: float) -> None:
+        self.gates, self.gamma, self.alpha = gates, gamma, alpha
+        self.counts = [torch.zeros(g.num_experts) for g in gates]
+        self.losses: list[torch.Tensor] = []
+        for i, g in enumerate(gates):
+            g.register_forward_hook(self._hook(i))
+
+    def _hook(self, i: int):
+        def fn(module: torch.nn.Module, args: tuple, out: tuple) -> None:
+            router_logits, topk_indices = out[0], out[2]  # (tokens, E), (tokens, top_k); batch 1 = 1 sequence
+            load = torch.bincount(topk_indices.flatten(), minlength=module.num_experts).float()
+            self.counts[i] += load
+            if self.alpha and module.training:
+                scores = router_logits.sigmoid()
+                p = (scores / scores.sum(-1, keepdim=True)).mean(0)  # P_i: mean normalized affinity
+                f = load * module.num_experts / topk_indices.numel()  # f_i: 1.0 when balanced
+                self.losses.append(self.alpha * (f * p).sum())
+
+        return fn
+
+    @torch.no_grad()
+    def take_loss(self) -> torch.Tensor:
+        """Sum of this step's balance losses (0 when alpha is 0); clears them."""
+        total = sum(self.losses, torch.zeros(()))
+        self.losses = []
+        return total
+
+    def update(self) -> float:
+        """Apply the bias rule; returns the worst max/mean load ratio seen this step."""
+        worst = 0.0
+        for g, c in zip(self.gates, self.counts, strict=True):
+            if c.sum() == 0:
+                continue
+            g.e_score_correction_bias += self.gamma * torch.sign(c.mean() - c)
+            worst = max(worst, float(c.max() / c.mean()))
+            c.zero_()
+        return worst
+
+
+def make_optimizer(model: TinyWithMtp, lr: float) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on norms (1-D) as usual."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def prepare(a: argparse.Namespace):
+    """Corpus split, tokenizer, token streams, heldout text."""
+    root = a.corpus or stdlib_dir()
+    heldout = tuple(s for s in a.heldout.split(",") if s)
+    train_files, held_files = split_corpus(root, a.suffix, heldout)
+    if a.max_files:
+        train_files = train_files[: a.max_files]
+    train_texts = [document(root, p) for p in train_files]
+    held_text = "".join(document(root, p) for p in held_files)
+    t0 = time.time()
+    tok = (
+        Tokenizer.from_file(str(a.init_from / "tokenizer.json"))
+        if a.init_from
+        else train_tokenizer(train_texts, a.vocab)
+    )
+    stream = encode_stream(tok, train_texts)
+    info = {
+        "corpus_root": str(root),
+        "train_files": len(train_files),
+        "train_bytes": sum(len(t.encode()) for t in train_texts),
+        "train_tokens": int(stream.size),
+        "heldout_names": list(heldout),
+        "heldout_files": [p.relative_to(root).as_posix() for p in held_files],
+        "heldout_bytes": len(held_text.encode()),
+        "tokenizer_seconds": round(time.time() - t0, 1),
+    }
+    return tok, stream, held_text, info
+
+
+def make_window(stream: np.ndarray, rng: np.random.Generator, a: argparse.Namespace) -> np.ndarray:
+    """seq + 1 tokens from a uniform start; with --repeat-frac, some windows instead cycle one natural
+    segment of --repeat-min..--repeat-max tokens (default seq/8..seq/2; a copy task that makes induction
+    heads form sooner)."""
+    s = int(rng.integers(0, stream.size - a.seq - 1))
+    if a.repeat_frac and rng.random() < a.repeat_frac:
+        k = int(rng.integers(a.repeat_min or a.seq // 8, (a.repeat_max or a.seq // 2) + 1))
+        return np.resize(stream[s : s + k], a.seq + 1)  # segment, segment, ... cut to seq + 1
+    return stream[s : s + a.seq + 1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(a.threads)
+    a.run_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    tok, stream, held_text, info = prepare(a)
+    print(json.dumps(info)[:2000], flush=True)
+    geo = TinyGeometry(vocab_size=tok.get_vocab_size(), max_position_embeddings=max(2048, a.seq))
+    if a.tiny_geometry:
+        geo = TinyGeometry(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                           moe_intermediate_size=32, max_position_embeddings=max(2048, a.seq))  # fmt: skip
+    cfg = build_config(geo, bos_token_id=tok.token_to_id("<|bos|>"), eos_token_id=tok.token_to_id("<|eos|>"))
+    cfg._attn_implementation = "sdpa"
+    model = TinyWithMtp(cfg)
+    if a.init_from:
+        model = load_tiny(a.init_from).train()
+        model.lm.config._attn_implementation = "sdpa"
+        model.mtp.layer.self_attn.config._attn_implementation = "sdpa"
+    print(json.dumps(count_params(model)), flush=True)
+    balancer = BiasBalancer(moe_gates(model), a.bias_speed, a.balance_alpha)
+    opt = make_optimizer(model, a.lr)
+    rng = np.random.default_rng(a.seed)  # data order depends on the seed only
+    tok_cfg = tokenizer_config(max(2048, a.seq))
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "heldout.txt").write_text(held_text)
+    history, last_save, t_train = [], time.time(), time.time()
+    step = 0
+    while step < a.steps:
+        plan_decay(step, (time.time() - t_train) / 60, a)
+        windows = [make_window(stream, rng, a) for _ in range(a.batch)]
+        batch = torch.from_numpy(np.stack(windows).astype(np.int64))  # (B, seq + 1)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, a)
+        _, _, main_ce, mtp_ce = model(batch)  # batch: (B, seq + 1)
+        bal = balancer.take_loss()
+        loss = main_ce + a.mtp_weight * mtp_ce + bal
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        load = balancer.update()
+        elapsed = time.time() - t_train
+        rec = {"step": step + 1, "main": round(main_ce.item(), 4), "mtp": round(mtp_ce.item(), 4),
+               "lr": round(lr_at(step, a), 6), "gnorm": round(gnorm, 3), "bal": round(bal.item(), 4), "max_load": round(load, 2),
+               "tok_s": round((step + 1) * a.batch * a.seq / elapsed), "min": round(elapsed / 60, 1)}  # fmt: skip
+        history.append(rec)
+        print(json.dumps(rec), flush=True)
+        if time.time() - last_save > a.save_every_min * 60 or step + 1 == a.steps:
+            export(model, tok, tok_cfg, a.out)
+            last_save = time.time()
+            run = {**info, "args": {k: str(v) for k, v in vars(a).items()}, "argv": sys.argv,
+                   "params": count_params(model), "steps_done": step + 1, "history": history,
+                   "train_minutes": round(elapsed / 60, 1), "total_minutes": round((time.time() - t_start) / 60, 1),
+                   "python": platform.python_version(), "torch": torch.__version__}  # fmt: skip
+            (a.run_dir / "run_info.json").write_text(json.dumps(run, indent=1))
+            print(f"saved checkpoint at step {step + 1}", flush=True)
+        step += 1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""``compile=True``: decode, verification and MTP steps through ``torch.compile`` (inductor, CPU C++).
+
+Eager decode is bound by per-op dispatch (~330 tensor ops per token at a few microseconds each on
+these model sizes); inductor fuses them into a few C++ kernels. Prompts (prefill) stay eager: they
+run once per request and their lengths vary. The compiled step is
+:class:`mlaq.model.static_step.StaticStep`, free of data-dependent Python control flow; the cache
+length S is marked dynamic, so a growing cache does not recompile (batch size and T, the tokens per
+row, are specialized: a handful of shapes per run).
+
+Compilation happens on first use of each shape (seconds to a minute on a few cores); tokens chosen
+greedily are those of the eager path on the tested checkpoints, but logits may differ in the last
+bits (fused reductions round differently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mlaq.engine.adapter import DeepseekLatentLM
+from mlaq.engine.model_api import LMOutput
+from mlaq.model import DeepseekForCausalLM
+from mlaq.model.static_step import StaticStep
+
+# Recompiles one run may need: batch sizes x T values (1, k+1, MTP catch-up lengths) x logits_index.
+CACHE_SIZE_LIMIT = 64
+
+
+class CompiledLatentLM(DeepseekLatentLM):
+    """``DeepseekLatentLM`` whose absorbed-path calls run compiled (prefill stays eager)."""
+
+    def __init__(self, model: DeepseekForCausalLM, *, backend: str = "inductor") -> None:
+        """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build)."""
+        super().__init__(model)
+        self.static = StaticStep(model)
+        self._decode = _compiled(self.static.decode, backend)
+        self._mtp = _compiled(self.static.mtp, backend)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        past: Sequence[Tensor],
+        *,
+        prefill: bool,
+        logits_index: Tensor | None = None,
+    ) -> LMOutput:
+        if prefill or len(past) == 0 or past[0].shape[1] == 0:
+            return super().forward(input_ids, positions, past, prefill=prefill, logits_index=logits_index)
+        cos, sin = self._rotation(positions, past[0].shape[1])
+        # (layers, B, S, L+R) as one tensor (the engine gathers it so); S, the cache length, is dynamic
+        stacked = past if isinstance(past, Tensor) else torch.stack(tuple(past))
+        torch._dynamo.mark_dynamic(stacked, 2)
+        logits, hidden, entries = self._decode(input_ids, positions, stacked, cos, sin, logits_index)
+        return LMOutput(logits, hidden, tuple(entries))
+
+    @torch.no_grad()
+    def mtp(
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        past: Tensor,
+        *,
+        step: int,
+        logits_index: Tensor | None = None,
+    ) -> LMOutput:
+        if past.shape[1] == 0:  # nothing cached yet: the eager path (once per request)
+            return super().mtp(input_ids, hidden, positions, past, step=step, logits_index=logits_index)
+        cos, sin = self._rotation(positions, past.shape[1])
+        torch._dynamo.mark_dynamic(past, 1)
+        logits, y, entry = self._mtp(input_ids, hidden, positions, past, cos, sin, logits_index)
+        return LMOutput(logits, y, (entry,))
+
+    def _rotation(self, positions: Tensor, num_past: int) -> tuple[Tensor, Tensor]:
+        """RoPE cos / sin (B, T, R) of ``positions``; checks they continue a past of ``num_past``."""
+        t = positions.shape[1]
+        expected = positions[:, :1] + torch.arange(t)  # (B, T)
+        if not torch.equal(positions, expected) or int(positions[:, 0].max()) != num_past:
+            raise ValueError(
+                f"positions must be consecutive per row and the longest row must start at the "
+                f"gathered cache length {num_past}"
+            )
+        return self.model.rope_table.rotation(positions, num_past + t - 1)
+
+
+def _compiled(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
+    """``fn`` compiled, with room for the shapes one run produces."""
+    compiled = torch.compile(fn, backend=backend, dynamic=None)
+
+    def call(*args: Any) -> Any:
+        with torch._dynamo.config.patch(cache_size_limit=CACHE_SIZE_LIMIT):
+            return compiled(*args)
+
+    return call

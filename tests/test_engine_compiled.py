@@ -1,0 +1,97 @@
+"""``LLM(..., compile=True)``: torch.compile'd decode / verification / MTP steps give eager's greedy tokens.
+
+One tiny checkpoint (1 dense + 1 MoE layer + MTP, hidden 64), few shapes: each new (batch, T) shape
+costs an inductor compile (seconds on 2 cores; ~35 s for this file with a cold inductor cache).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from mlaq.engine.compiled import CompiledLatentLM
+from mlaq.engine.llm import LLM
+from mlaq.engine.sampling_params import SamplingParams
+from mlaq.model import load_model
+from mlaq.model.static_step import StaticStep
+from model_helpers import add_mtp_layer, hf_checkpoint
+
+PROMPTS = [[5, 17, 33, 2, 9, 41, 7], [11, 3, 60, 28], [70, 12, 8, 51, 19, 4, 30, 22, 6]]
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ds3")
+    model, _ = hf_checkpoint("deepseek_v3", path, num_hidden_layers=2)
+    add_mtp_layer(model, path)
+    return path
+
+
+def tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_compiled_greedy_equals_eager(checkpoint):
+    eager = tokens(LLM(checkpoint, max_model_len=64), PROMPTS)
+    counters.clear()
+    compiled_llm = LLM(checkpoint, max_model_len=64, compile=True)
+    # rows of different lengths: per-row positions, masked padding in the gathered cache
+    assert tokens(compiled_llm, PROMPTS) == eager
+    # the growing cache length is dynamic: one static first compile, one dynamic recompile, not one per step
+    assert counters["stats"]["unique_graphs"] <= 2
+
+
+def test_compiled_speculative_greedy_equals_plain_greedy(checkpoint):
+    """Verification (T = k + 1) and MTP steps through the compiled graphs; aot_eager keeps the test
+    fast (the same dynamo graphs and dynamic shapes, without inductor's C++ build per shape)."""
+    plain = tokens(LLM(checkpoint, max_model_len=64), PROMPTS)
+    model = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")
+    spec = LLM(model, max_model_len=64, speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    assert tokens(spec, PROMPTS) == plain
+    assert spec.spec_decoding_stats is not None and spec.spec_decoding_stats.num_drafts > 0
+
+
+def test_static_moe_matches_eager_moe(checkpoint):
+    """The routing-independent MoE (gathered and all-expert forms) against MoE.forward."""
+    from mlaq.model.static_step import _moe
+
+    model = load_model(checkpoint)
+    static = StaticStep(model)
+    layer = 1  # first_k_dense_replace = 1: layer 1 is the MoE
+    moe, experts = model.model.layers[layer].mlp, static.experts[layer]
+    assert experts is not None
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 3, 9):  # n*k < E gathers (n = 1, 3), else every expert runs (n = 9)
+        x = torch.randn(1, n, model.config.hidden_size, generator=g)
+        torch.testing.assert_close(_moe(moe, experts, x), moe(x), rtol=1e-5, atol=1e-6)
+
+
+def test_compile_refuses_other_models():
+    class NotDeepseek:
+        pass
+
+    with pytest.raises(ValueError, match="compile=True needs one of mlaq's DeepSeek models"):
+        LLM(NotDeepseek(), compile=True, max_model_len=16)  # type: ignore[arg-type]
+
+
+def test_quantizing_schemes_stay_eager_and_exact(checkpoint):
+    """fp8 emulation (activation quantization) runs outside the graph; fp32 reference is traced."""
+    qc = '{"targets": {"re:.*layers\\\\.1\\\\.self_attn.*": "fp8_per_tensor"}}'
+    model = load_model(checkpoint, quantization_config=qc)
+    static = StaticStep(model)
+    names = [type(w.scheme_uk).__name__ for w in static.weights]
+    assert names[1] == "_EagerScheme" and names[0] != "_EagerScheme", names
+    w, original = static.weights[1], model.model.layers[1].self_attn.absorbed
+    x = torch.randn(w.w_uk.shape[0], 3, w.w_uk.shape[1], generator=torch.Generator().manual_seed(1))
+    assert torch.equal(w.scheme_uk.apply(x, w.w_uk), original.scheme_uk.apply(x, original.w_uk))
+
+
+def test_compiled_with_an_eager_scheme_equals_eager(checkpoint):
+    """An fp8 BMM scheme breaks the graph around its apply (aot_eager: graph capture only)."""
+    qc = '{"targets": {"re:.*kv_b_proj.*": "fp8_per_tensor"}}'
+    eager = tokens(LLM(checkpoint, max_model_len=64, quantization_config=qc), PROMPTS)
+    model = CompiledLatentLM(load_model(checkpoint, quantization_config=qc), backend="aot_eager")
+    assert tokens(LLM(model, max_model_len=64), PROMPTS) == eager
