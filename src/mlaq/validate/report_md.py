@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mlaq.validate.summary import caption, format_markdown, variants
@@ -223,23 +224,32 @@ def _acceptance(r: dict[str, Any]) -> list[str]:
     k = r["config"]["num_speculative_tokens"]
     if not k:
         return ["## MTP speculative decoding", "", "Not run (--num-speculative-tokens 0).", ""]
-    head = ["scheme", "drafts", "draft tokens", "accepted", "mean len", "avg rate"]
+    head = ["scheme", "drafts", "draft tokens", "accepted", "mean len", "avg rate", "± 1 SE"]
     head += [f"pos {i}" for i in range(k)]
     body = []
     for label, v in variants(r):
         per = v.get("per_position_acceptance_rate") or []
+        p, n = v["acceptance_rate"], v["num_draft_tokens"]
+        se = math.sqrt(p * (1 - p) / n) if p is not None and n else None
         body.append(
             [
                 label,
                 str(v["num_drafts"]),
-                str(v["num_draft_tokens"]),
+                str(n),
                 str(v["num_accepted_tokens"]),
                 "—" if v["mean_acceptance_length"] is None else f"{v['mean_acceptance_length']:.2f}",
-                _pct(v["acceptance_rate"], 1),
+                _pct(p, 1),
+                _pct(se, 1),
                 *(_pct(x, 1) for x in per),
             ]
         )
-    return ["## MTP speculative decoding", "", *_table(head, body), ""]
+    note = (
+        "Greedy drafts and greedy verification; draft (MTP layer) and target both run the scheme. "
+        "± 1 SE is the binomial standard error of the rate: once a generation diverges from the "
+        "reference's, acceptance is measured on other text, so differences within about two SE are "
+        "sampling noise (compare the noise floor's row)."
+    )
+    return ["## MTP speculative decoding", "", note, "", *_table(head, body), ""]
 
 
 def _generation(r: dict[str, Any]) -> list[str]:
