@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench-bmm": ("mlaq.bench_bmm", "time every BMM scheme and an absorbed decode step"),
     "explain": ("mlaq.explain", "show which BMM scheme each MLA layer's kv_b_proj gets, and why"),
     "validate": ("mlaq.validate.cli", "measure what re-quantizing MLA's absorbed BMMs costs against bf16"),
-    "generate": ("mlaq.engine.generate_cli", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
+    "generate": ("mlaq.generate_cli", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
 }
 
 
