@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from mlaq.validate.config import NOISE_FLOOR, ValidateConfig, Variant, VariantKind
 from mlaq.validate.runner import run_validation
-from validate_helpers import tiny_checkpoint
+from validate_helpers import PER_SCHEME, tiny_checkpoint
 
 SMALL = {
     "context_len": 64,
@@ -25,14 +25,6 @@ SMALL = {
     "max_tokens": 8,
     "num_speculative_tokens": 2,
 }
-PER_SCHEME = (
-    "attn_rel_err",
-    "kl",
-    "top1_agreement",
-    "nll_delta",
-    "acceptance_rate",
-    "mean_acceptance_length",
-)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,15 @@ from model_helpers import add_mtp_layer, edit_config, hf_checkpoint
 
 CHARS = [chr(c) for c in range(32, 127)] + ["\n"]  # 96 symbols = the test vocabulary
 MAX_POSITIONS = 256
+# the per-scheme keys issue 7 promises in `mlaq validate --json`
+PER_SCHEME = (
+    "attn_rel_err",
+    "kl",
+    "top1_agreement",
+    "nll_delta",
+    "acceptance_rate",
+    "mean_acceptance_length",
+)
 
 
 def write_char_tokenizer(path: Path) -> None:
