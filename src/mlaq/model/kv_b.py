@@ -18,7 +18,7 @@ from typing import Any
 
 from mlaq.bmm import get_scheme
 from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8, split_kv_b_proj_fp8_scaled
-from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
+from mlaq.formats import MxElem, MxTensor
 from mlaq.model.mla import MLAttention
 from mlaq.model.mla_core import Precision
 from mlaq.model.weights import CheckpointWeight, WeightFormat
@@ -49,10 +49,8 @@ def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, p
         w_uk_t, w_uv_t = split_kv_b_proj(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
         w_uk, w_uv = scheme_uk.prepare(w_uk_t), scheme.prepare(w_uv_t)
     elif stored.format in _FP8_SPLIT:
-        fp8 = stored.fp8()
-        if scheme.name.endswith("_fnuz"):
-            fp8 = e4m3fn_to_e4m3fnuz(fp8)  # reinterpret + double the scales: exact for finite values
-        (uk_codes, uk_scale), (uv_codes, uv_scale) = _FP8_SPLIT[stored.format](fp8, n, p, v)
+        # uses_checkpoint_data means scheme == the stored scheme, never an _fnuz variant: codes stay e4m3fn
+        (uk_codes, uk_scale), (uv_codes, uv_scale) = _FP8_SPLIT[stored.format](stored.fp8(), n, p, v)
         w_uk = scheme_uk.prepare_quantized(uk_codes, uk_scale)  # type: ignore[attr-defined]
         w_uv = scheme.prepare_quantized(uv_codes, uv_scale)  # type: ignore[attr-defined]
     elif stored.format is WeightFormat.MXFP4:
