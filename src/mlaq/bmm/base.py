@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -107,6 +107,17 @@ def check_operands(x: Tensor, prepared: PreparedWeight) -> None:
             f"{prepared.scheme}: activations of shape {tuple(x.shape)} do not fit a weight of shape "
             f"{prepared.shape}; expected (N={n}, B, K={k})"
         )
+
+
+W = TypeVar("W", bound=PreparedWeight)
+
+
+def own_weight(scheme: BmmScheme, prepared: PreparedWeight, kind: type[W]) -> W:
+    """``prepared`` as ``kind``, checked to come from ``scheme``'s own ``prepare``: a weight prepared
+    by another scheme holds other codes and scales, so applying it would silently compute nonsense."""
+    if not isinstance(prepared, kind) or prepared.scheme != scheme.name:
+        raise ValueError(f"{scheme.name} needs a weight prepared by {scheme.name}, got {prepared.scheme}")
+    return prepared
 
 
 class Fp32Reference(BmmScheme):

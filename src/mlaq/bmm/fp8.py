@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from mlaq.bmm.base import BmmScheme, PreparedWeight, check_operands
+from mlaq.bmm.base import BmmScheme, PreparedWeight, check_operands, own_weight
 from mlaq.bmm.fp8_quant import (
     FP8_GROUP,
     aiter_token_group_quant,
@@ -89,9 +89,7 @@ class _Fp8Scheme(BmmScheme):
         self.description = self.arithmetic.format(dtype=dtype.value, max=f"{dtype.max:g}")
 
     def _weight(self, prepared: PreparedWeight) -> Fp8Weight:
-        if not isinstance(prepared, Fp8Weight) or prepared.scheme != self.name:
-            raise ValueError(f"{self.name} needs a weight prepared by {self.name}, got {prepared.scheme}")
-        return prepared
+        return own_weight(self, prepared, Fp8Weight)
 
     def _check_stored(self, codes: Tensor, scale: Tensor) -> None:
         """Checkpoint codes (N, K, M) in this scheme's fp8 dtype and a finite, non-negative float scale."""

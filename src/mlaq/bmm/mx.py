@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from mlaq.bmm.base import BmmScheme, PreparedWeight, check_operands
+from mlaq.bmm.base import BmmScheme, PreparedWeight, check_operands, own_weight
 from mlaq.formats import MxElem, MxTensor, ScaleRule, mx_fake_quant, quantize_mx
 
 MX_BLOCK = 32
@@ -80,9 +80,8 @@ class _MxScheme(BmmScheme):
 
     def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
         check_operands(x, prepared)
-        if not isinstance(prepared, MxWeight) or prepared.scheme != self.name:
-            raise ValueError(f"{self.name} needs a weight prepared by {self.name}, got {prepared.scheme}")
-        acc = torch.bmm(self._activations(x).double(), prepared.values).float()  # exact sum -> fp32
+        w = own_weight(self, prepared, MxWeight)
+        acc = torch.bmm(self._activations(x).double(), w.values).float()  # exact sum -> fp32
         return acc.to(torch.bfloat16).float()
 
 
