@@ -10,8 +10,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 # Top-level stdlib packages/modules never trained on; their source (fixed order) is heldout.txt.
 HELDOUT = ("csv", "html", "http", "json", "textwrap", "tomllib")
-# Skipped entirely: the test suite (17 MB, much of it data), codec tables and pydoc's text dump.
-EXCLUDED = ("test", "encodings", "pydoc_data", "site-packages", "dist-packages", "__pycache__")
+# Skipped entirely: codec tables, pydoc's text dump, installed packages.
+EXCLUDED = ("encodings", "pydoc_data", "site-packages", "dist-packages", "__pycache__")
+TESTS = "test"  # the stdlib's test suite is trained on, except the tests of held-out modules
 SPECIAL = ("<|bos|>", "<|eos|>", "<|pad|>")
 
 
@@ -39,12 +40,23 @@ def document(root: Path, path: Path) -> str:
     return f"# file: {path.relative_to(root).as_posix()}\n{text}\n"
 
 
-def split_corpus(root: Path, suffix: str, heldout: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
-    """(train files, held-out files); excluded top-level names are dropped."""
+def tests_held_out_code(parts: tuple[str, ...], heldout: tuple[str, ...]) -> bool:
+    """True for test-suite files about a held-out module (test/test_json/..., test/test_httplib.py):
+    they quote its identifiers and behaviour, so they are not trained on either."""
+    names = [part.removesuffix(".py").removeprefix("test_") for part in parts[1:]]
+    return parts[0] == TESTS and any(n.startswith(h) for n in names for h in heldout)
+
+
+def split_corpus(
+    root: Path, suffix: str, heldout: tuple[str, ...], tests: bool = True
+) -> tuple[list[Path], list[Path]]:
+    """(train files, held-out files); excluded names are dropped, the test suite unless `tests`."""
     train, held = [], []
     for p in list_files(root, suffix):
         parts = p.relative_to(root).parts
-        if any(part in EXCLUDED for part in parts):
+        if any(part in EXCLUDED for part in parts) or tests_held_out_code(parts, heldout):
+            continue
+        if parts[0] == TESTS and not tests:
             continue
         (held if top_name(root, p) in heldout else train).append(p)
     if not train:

@@ -1,11 +1,11 @@
-"""Write mlaq-tiny as a Hugging Face DeepSeek-V3 checkpoint (MTP layer included) and read it back."""
+"""Write mlaq-tiny as a Hugging Face DeepSeek-V3 checkpoint (MTP layer included) and read it back
+(load_tiny: through transformers, the independent implementation used for evaluation)."""
 
 from __future__ import annotations
 
 import copy
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -18,45 +18,26 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, GenerationConf
 MTP_EXTRA = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
 
 
-def _state_dict_with_mtp(model: TinyWithMtp) -> dict[str, torch.Tensor]:
-    """All weights under Hugging Face DeepSeek-V3 names; MTP = model.layers.{num_hidden_layers}.*.
-
-    The decoder layer goes through transformers' own save path (a model with one more layer), so its
-    routed experts get the checkpoint layout (experts.{e}.{gate,up,down}_proj.weight) like the main layers.
-    """
-    cfg = model.lm.config
-    n = cfg.num_hidden_layers
-    big_cfg = copy.deepcopy(cfg)
-    big_cfg.num_hidden_layers = n + 1
-    big = DeepseekV3ForCausalLM(big_cfg)
-    big.model.layers[n].load_state_dict(model.mtp.layer.state_dict())
-    own = {k: v for k, v in model.lm.state_dict().items()}
-    missing, unexpected = big.load_state_dict(own, strict=False)
-    if unexpected or any(not k.startswith(f"model.layers.{n}.") for k in missing):
-        raise RuntimeError(f"state dict mismatch: missing={missing} unexpected={unexpected}")
-    with tempfile.TemporaryDirectory() as tmp:
-        big.save_pretrained(tmp)
-        with safe_open(str(Path(tmp) / "model.safetensors"), "pt") as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    mtp_sd = model.mtp.state_dict()
-    for name in MTP_EXTRA:
-        tensors[f"model.layers.{n}.{name}"] = mtp_sd[name]
+def to_checkpoint_dtypes(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """bf16 everywhere except the router correction bias, kept fp32 as in DeepSeek-V3's checkpoints."""
     out = {}
     for k, v in tensors.items():
-        # DeepSeek-V3 checkpoints keep the router correction bias in fp32; everything else is bf16.
         dtype = torch.float32 if k.endswith("e_score_correction_bias") else torch.bfloat16
         out[k] = v.detach().to(dtype).contiguous()
     return out
 
 
-def export(model: TinyWithMtp, tok: Tokenizer, tok_cfg: dict, out_dir: Path) -> None:
-    """Write config, bf16 weights, tokenizer and generation config to out_dir (replaced atomically)."""
+def export(
+    tensors: dict[str, torch.Tensor], config: DeepseekV3Config, tok: Tokenizer, tok_cfg: dict, out_dir: Path
+) -> None:
+    """Write config, bf16 weights (Hugging Face names, MTP at model.layers.{n}), tokenizer and generation
+    config to out_dir; the directory is replaced atomically (a partial export never replaces a good one)."""
     out_dir = Path(out_dir)
     stage = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
-    save_file(_state_dict_with_mtp(model), str(stage / "model.safetensors"), metadata={"format": "pt"})
-    cfg = copy.deepcopy(model.lm.config)
+    save_file(to_checkpoint_dtypes(tensors), str(stage / "model.safetensors"), metadata={"format": "pt"})
+    cfg = copy.deepcopy(config)
     cfg.dtype = torch.bfloat16
     cfg.architectures = ["DeepseekV3ForCausalLM"]
     cfg.save_pretrained(stage)

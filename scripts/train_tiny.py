@@ -2,8 +2,10 @@
 
     /work/venv/bin/python scripts/train_tiny.py --out src/mlaq/assets/mlaq-tiny --run-dir /work/tiny-runs
 
-A usable checkpoint is exported every --save-every-min minutes and at the end; run scripts/tiny_eval.py
-afterwards for the model card numbers.
+Trains scripts/tiny_lean.py's module (transformers' DeepSeek-V3 math, fewer and larger ops) with bf16
+autocast matmuls and fp32 master weights, compiled with torch.compile. A usable checkpoint is exported
+every --save-every-min minutes and at the end; run scripts/tiny_eval.py afterwards (it evaluates through
+transformers' own implementation) and scripts/tiny_card.py for the model card.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from tiny_data import (
     HELDOUT,
     document,
@@ -26,8 +29,9 @@ from tiny_data import (
     tokenizer_config,
     train_tokenizer,
 )
-from tiny_export import export, load_tiny
-from tiny_model import TinyGeometry, TinyWithMtp, build_config, count_params, moe_gates
+from tiny_export import export
+from tiny_lean import LeanTiny
+from tiny_model import TinyGeometry, build_config
 from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, default=None, help="text directory (default: this Python's stdlib)")
     p.add_argument("--suffix", default=".py", help="file suffix to read from the corpus")
+    p.add_argument("--no-tests", action="store_true", help="leave out the corpus's test/ directory")
     p.add_argument("--heldout", default=",".join(HELDOUT), help="comma-separated top-level names held out")
     p.add_argument(
         "--max-files", type=int, default=0, help="use only the first N training files (smoke runs)"
@@ -45,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", type=Path, default=Path("/work/tiny-runs"))
     p.add_argument("--vocab", type=int, default=6144)
     p.add_argument("--seq", type=int, default=2048, help="training context (tokens per window)")
-    p.add_argument("--batch", type=int, default=2, help="windows per step")
+    p.add_argument("--batch", type=int, default=4, help="windows per step")
     p.add_argument("--steps", type=int, default=480, help="total steps (an upper bound with a time budget)")
     p.add_argument("--decay-start", type=int, default=None, help="step where LR decay begins (default 80 %%)")
     p.add_argument("--time-budget-min", type=float, default=0.0, help="choose the decay start from wall time")
@@ -62,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--balance-alpha", type=float, default=0.01, help="sequence-wise balance loss weight")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-compile", action="store_true", help="eager mode (slower; for debugging)")
     p.add_argument("--save-every-min", type=float, default=5.0)
     p.add_argument(
         "--init-from", type=Path, default=None, help="continue from an exported checkpoint (+ its tokenizer)"
@@ -97,51 +103,27 @@ def plan_decay(step: int, elapsed_min: float, a: argparse.Namespace) -> None:
         a.decay_start = int(0.8 * a.steps)
 
 
-class BiasBalancer:
-    """DeepSeek-V3's load balancing (section 2.1.2): after each step, e_score_correction_bias of each
-    router moves by gamma * sign(mean load - expert load) (auxiliary-loss-free); plus the complementary
-    sequence-wise balance loss alpha * sum_i f_i P_i (eq. 17-20), collected by a forward hook."""
-
-    def __init__(self, gates: list[torch.nn.Module], gamma: float, alpha: float) -> None:
-        self.gates, self.gamma, self.alpha = gates, gamma, alpha
-        self.counts = [torch.zeros(g.num_experts) for g in gates]
-        self.losses: list[torch.Tensor] = []
-        for i, g in enumerate(gates):
-            g.register_forward_hook(self._hook(i))
-
-    def _hook(self, i: int):
-        def fn(module: torch.nn.Module, args: tuple, out: tuple) -> None:
-            router_logits, topk_indices = out[0], out[2]  # (tokens, E), (tokens, top_k); batch 1 = 1 sequence
-            load = torch.bincount(topk_indices.flatten(), minlength=module.num_experts).float()
-            self.counts[i] += load
-            if self.alpha and module.training:
-                scores = router_logits.sigmoid()
-                p = (scores / scores.sum(-1, keepdim=True)).mean(0)  # P_i: mean normalized affinity
-                f = load * module.num_experts / topk_indices.numel()  # f_i: 1.0 when balanced
-                self.losses.append(self.alpha * (f * p).sum())
-
-        return fn
-
-    @torch.no_grad()
-    def take_loss(self) -> torch.Tensor:
-        """Sum of this step's balance losses (0 when alpha is 0); clears them."""
-        total = sum(self.losses, torch.zeros(()))
-        self.losses = []
-        return total
-
-    def update(self) -> float:
-        """Apply the bias rule; returns the worst max/mean load ratio seen this step."""
-        worst = 0.0
-        for g, c in zip(self.gates, self.counts, strict=True):
-            if c.sum() == 0:
-                continue
-            g.e_score_correction_bias += self.gamma * torch.sign(c.mean() - c)
-            worst = max(worst, float(c.max() / c.mean()))
-            c.zero_()
-        return worst
+@torch.no_grad()
+def update_router_bias(model: LeanTiny, gamma: float) -> float:
+    """DeepSeek-V3's auxiliary-loss-free balancing (section 2.1.2): after each step every router's
+    e_score_correction_bias moves by gamma * sign(mean load - expert load). Returns the worst max/mean load."""
+    worst = 0.0
+    for moe in model.moe_layers():
+        load = moe.stats[0].float()
+        moe.gate.e_score_correction_bias += gamma * torch.sign(load.mean() - load)
+        worst = max(worst, float(load.max() / load.mean()))
+    return worst
 
 
-def make_optimizer(model: TinyWithMtp, lr: float) -> torch.optim.Optimizer:
+def count_params(model: LeanTiny) -> dict[str, int]:
+    """Parameter counts: total, main model, MTP layer, embeddings + lm_head."""
+    total = sum(p.numel() for p in model.parameters())
+    mtp = sum(p.numel() for p in model.model.layers[model.n].parameters())
+    emb = model.model.embed_tokens.weight.numel() + model.lm_head.weight.numel()
+    return {"total": total, "main": total - mtp, "mtp": mtp, "embeddings_and_lm_head": emb}
+
+
+def make_optimizer(model: LeanTiny, lr: float) -> torch.optim.Optimizer:
     """AdamW; no weight decay on norms (1-D) as usual."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -153,7 +135,7 @@ def prepare(a: argparse.Namespace):
     """Corpus split, tokenizer, token streams, heldout text."""
     root = a.corpus or stdlib_dir()
     heldout = tuple(s for s in a.heldout.split(",") if s)
-    train_files, held_files = split_corpus(root, a.suffix, heldout)
+    train_files, held_files = split_corpus(root, a.suffix, heldout, tests=not a.no_tests)
     if a.max_files:
         train_files = train_files[: a.max_files]
     train_texts = [document(root, p) for p in train_files]
@@ -202,14 +184,15 @@ def main(argv: list[str] | None = None) -> None:
         geo = TinyGeometry(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
                            moe_intermediate_size=32, max_position_embeddings=max(2048, a.seq))  # fmt: skip
     cfg = build_config(geo, bos_token_id=tok.token_to_id("<|bos|>"), eos_token_id=tok.token_to_id("<|eos|>"))
-    cfg._attn_implementation = "sdpa"
-    model = TinyWithMtp(cfg)
+    model = LeanTiny(cfg.to_dict()).train()
     if a.init_from:
-        model = load_tiny(a.init_from).train()
-        model.lm.config._attn_implementation = "sdpa"
-        model.mtp.layer.self_attn.config._attn_implementation = "sdpa"
+        model.load_checkpoint_tensors(
+            {k: v.float() for k, v in load_file(a.init_from / "model.safetensors").items()}
+        )
+    for moe in model.moe_layers():
+        moe.balance_alpha = a.balance_alpha
     print(json.dumps(count_params(model)), flush=True)
-    balancer = BiasBalancer(moe_gates(model), a.bias_speed, a.balance_alpha)
+    step_fn = model if a.no_compile else torch.compile(model)
     opt = make_optimizer(model, a.lr)
     rng = np.random.default_rng(a.seed)  # data order depends on the seed only
     tok_cfg = tokenizer_config(max(2048, a.seq))
@@ -223,14 +206,15 @@ def main(argv: list[str] | None = None) -> None:
         batch = torch.from_numpy(np.stack(windows).astype(np.int64))  # (B, seq + 1)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, a)
-        _, _, main_ce, mtp_ce = model(batch)  # batch: (B, seq + 1)
-        bal = balancer.take_loss()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, _, main_ce, mtp_ce = step_fn(batch)  # batch: (B, seq + 1)
+        bal = sum(moe.stats[1] for moe in model.moe_layers())
         loss = main_ce + a.mtp_weight * mtp_ce + bal
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         opt.step()
-        load = balancer.update()
+        load = update_router_bias(model, a.bias_speed)
         elapsed = time.time() - t_train
         rec = {"step": step + 1, "main": round(main_ce.item(), 4), "mtp": round(mtp_ce.item(), 4),
                "lr": round(lr_at(step, a), 6), "gnorm": round(gnorm, 3), "bal": round(bal.item(), 4), "max_load": round(load, 2),
@@ -238,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         history.append(rec)
         print(json.dumps(rec), flush=True)
         if time.time() - last_save > a.save_every_min * 60 or step + 1 == a.steps:
-            export(model, tok, tok_cfg, a.out)
+            export(model.checkpoint_tensors(), cfg, tok, tok_cfg, a.out)
             last_save = time.time()
             run = {**info, "args": {k: str(v) for k, v in vars(a).items()}, "argv": sys.argv,
                    "params": count_params(model), "steps_done": step + 1, "history": history,
