@@ -19,7 +19,7 @@ def _table(rows: list[list[str]], head: list[str]) -> str:
 
 
 def _stage(run: dict, n: int, total: int) -> str:
-    """One training stage as markdown bullets, with the command that replays it exactly."""
+    """One training run as markdown bullets, with the command that replays its schedule and data order."""
     a = run["args"]
     steps = run["steps_done"]
     decay = a["decay_start"] if a["decay_start"] not in (None, "None") else steps
@@ -31,23 +31,20 @@ def _stage(run: dict, n: int, total: int) -> str:
     hi = int(a.get("repeat_max") or 0) or seq // 2
     cmd = (
         f"python scripts/train_tiny.py --steps {steps} --decay-start {decay} --batch {a['batch']} "
-        f"--warmup {a['warmup']} --lr {a['lr']} --seed {a['seed']}"
-        + (f" --init-from <stage {n - 1} checkpoint> --repeat-frac {a['repeat_frac']}" if init else "")
-        + (
-            f" --repeat-min {lo} --repeat-max {hi}"
-            if init and (a.get("repeat_min") not in (None, "0"))
-            else ""
-        )
+        f"--seq {seq} --warmup {a['warmup']} --lr {a['lr']} --seed {a['seed']}"
+        + (f" --init-from <stage {n - 1} checkpoint>" if init else "")
+        + (f" --repeat-frac {a['repeat_frac']} --repeat-min {lo} --repeat-max {hi}" if repeat else "")
     )
     last = run["history"][-20:]
     main = sum(r["main"] for r in last) / len(last)
     mtp = sum(r["mtp"] for r in last) / len(last)
-    what = (
-        f"continues from stage {n - 1}'s checkpoint with fresh AdamW state; {100 * repeat:.0f} % of its windows "
-        f"are a copy task (one natural segment of {lo}-{hi} tokens repeated cyclically to {seq} tokens, so that "
-        "attention learns to find and copy earlier context; the held-out text has no such repeats)"
-        if init
-        else "from scratch"
+    start = f"continues from stage {n - 1}'s checkpoint with fresh AdamW state" if init else "from scratch"
+    copy = (
+        f"; {100 * repeat:.0f} % of its windows are a copy task (one natural segment of {lo}-{hi} tokens "
+        f"repeated cyclically to {seq} tokens, so that attention learns early to find and copy earlier "
+        "context; the held-out text has no such repeats)"
+        if repeat
+        else ""
     )
     lr = (
         f"lr {a['lr']}, {a['warmup']} warmup steps, constant, then linear decay to {a['min_lr_ratio']} x from "
@@ -55,15 +52,20 @@ def _stage(run: dict, n: int, total: int) -> str:
         if decay != steps
         else f"lr {a['lr']}, {a['warmup']} warmup steps, then constant"
     )
+    name = f"Stage {n} of {total}" if total > 1 else "Run"
+    tok_s = run["history"][-1].get("tok_s")
     return (
-        f"- Stage {n} of {total} ({what}): {steps} steps of {a['batch']} x {a['seq']}-token windows drawn uniformly "
-        f"from the token stream ({steps * int(a['batch']) * int(a['seq']):,} tokens), {lr}; "
-        f"{run['train_minutes']} min. Training loss over its last 20 steps: main {main:.3f}, "
-        f"MTP {mtp:.3f} nats/token. Replay: `{cmd}`"
+        f"- {name} ({start}{copy}): {steps} steps of {a['batch']} x {seq}-token windows drawn uniformly "
+        f"from the token stream ({steps * int(a['batch']) * seq:,} tokens, "
+        f"{steps * int(a['batch']) * seq / run['train_tokens']:.1f} epochs), {lr}; "
+        f"{run['train_minutes']} min ({tok_s:,} tokens/s). Training loss over its last 20 steps: main {main:.3f}, "
+        f"MTP {mtp:.3f} nats/token. Replay (same schedule and data order): `{cmd}`"
     )
 
 
-def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str, earlier: list[dict]) -> str:
+def render(
+    run: dict, ev: dict, cfg: dict, machine: str, notes: str, earlier: list[dict], conditions: str
+) -> str:
     h, a = ev["heldout"], run["args"]
     pos_rows = [
         [k, f"{v['loss']:.3f}", f"{100 * v['mtp_acceptance']:.1f} %", str(v["tokens"])]
@@ -89,6 +91,8 @@ def render(run: dict, ev: dict, cfg: dict, machine: str, notes: str, earlier: li
     runs = [*earlier, run]
     stages = "\n".join(_stage(r, i + 1, len(runs)) for i, r in enumerate(runs))
     total_min = round(sum(float(r["train_minutes"]) for r in runs), 1)
+    with_tests = a.get("no_tests") in (None, "False", False)
+    tests = ", the test suite `test/` included" if with_tests else ", `test/` excluded"
     return f"""# mlaq-tiny
 
 A small model with DeepSeek-V3's architecture (`model_type: deepseek_v3`; MLA, sigmoid-routed MoE with a
@@ -112,20 +116,24 @@ not stored for the MTP layer: the main model's embedding and lm_head are used. t
 
 ## Training
 - Corpus: the `.py` files of CPython {run["python"]}'s standard library ({run["train_files"]} files,
-  {run["train_bytes"]:,} bytes, {run["train_tokens"]:,} tokens), excluding `test/`, `encodings/`,
+  {run["train_bytes"]:,} bytes, {run["train_tokens"]:,} tokens){tests}, excluding `encodings/` and
   `pydoc_data/`; each file is preceded by a line `# file: <relative path>`. Held out (never trained on,
   tokenizer included): top-level packages/modules {", ".join(run["heldout_names"])}, concatenated in
-  sorted path order into `heldout.txt` ({run["heldout_bytes"]:,} bytes).
+  sorted path order into `heldout.txt` ({run["heldout_bytes"]:,} bytes), and the test-suite files about
+  them (`test/test_json/`, `test/test_httplib.py`, ...: any `test/` path naming a held-out module).
 - Tokenizer: byte-level BPE (`tokenizers`), vocabulary {cfg["vocab_size"]} incl. `<|bos|>`, `<|eos|>`,
   `<|pad|>` (ids 0-2); no BOS is added to text.
 - Objective: next-token cross-entropy + {a["mtp_weight"]} x MTP next-next-token cross-entropy (joint, as
   in DeepSeek-V3). Routers: DeepSeek-V3's auxiliary-loss-free balancing, bias speed
-  gamma={a["bias_speed"]} per step (DeepSeek-V3 uses 1e-3 over far more steps; 1e-3 let the routers
-  collapse onto two experts in this short run), plus DeepSeek-V3's complementary sequence-wise balance
-  loss with alpha={a.get("balance_alpha")} (DeepSeek-V3: 1e-4). AdamW (0.9, 0.95), weight decay 0.1 on
-  matrices, grad-norm clip 1.0, fp32, windows in an order fixed by the seed.
+  gamma={a["bias_speed"]} per step (DeepSeek-V3: 1e-3 over far more steps), plus DeepSeek-V3's
+  complementary sequence-wise balance loss with alpha={a.get("balance_alpha")} (DeepSeek-V3: 1e-4).
+  AdamW (0.9, 0.95), weight decay 0.1 on matrices, grad-norm clip 1.0; fp32 master weights and optimizer
+  state, matmuls under bf16 autocast (AMX), windows in an order fixed by the seed.
+- Trained with `scripts/tiny_lean.py`, a lean module computing transformers' DeepSeek-V3 (stacked routed
+  experts dispatched by one sort, CPU flash attention, `torch.compile`); its exported checkpoint gives
+  transformers' logits (tests/test_tiny_lean.py and the loading check below).
 {stages}
-- Wall time on {machine} (2 cores, shared with other jobs' test runs, `nice -n 10`), torch {run["torch"]}:
+- Wall time on {machine} ({conditions}), torch {run["torch"]}:
   {total_min} min of training in all.
 
 ## Held-out evaluation (`python scripts/tiny_eval.py`)
@@ -144,8 +152,8 @@ Routed-expert load on the held-out text (share of routed slots per expert; unifo
 
 {_table([[f"{i + 1}" if i + 1 < cfg["num_hidden_layers"] else "MTP", " ".join(f"{x:.3f}" for x in row)] for i, row in enumerate(h["expert_load"])], ["MoE layer", "expert shares"])}
 
-Loading check: `DeepseekV3ForCausalLM.from_pretrained` (sdpa) vs the training module holding the same
-weights (eager attention): max |logit difference| {par["main_logits_max_abs_diff"]:.2e} (main),
+Loading check (fp32): transformers (`DeepseekV3ForCausalLM.from_pretrained`, its decoder layer as the MTP
+layer) vs the training module holding the same weights: max |logit difference| {par["main_logits_max_abs_diff"]:.2e} (main),
 {par["mtp_logits_max_abs_diff"]:.2e} (MTP) at logit scale {par["logit_scale"]:.1f}.
 Evaluation took {ev["eval_seconds"]} s.
 
@@ -164,12 +172,13 @@ def main() -> None:
     )
     p.add_argument("--machine", default="unknown CPU")
     p.add_argument("--notes", default="", help="extra markdown appended to the card")
+    p.add_argument("--conditions", default="2 cores", help="what else ran on the machine meanwhile")
     a = p.parse_args()
     run, ev = json.loads(a.run.read_text()), json.loads(a.eval.read_text())
     cfg = json.loads((a.model / "config.json").read_text())
     earlier = [json.loads(x.read_text()) for x in a.earlier]
     (a.model / "README.md").write_text(
-        render(run, ev, cfg, a.machine.split(":", 1)[-1].strip(), a.notes, earlier)
+        render(run, ev, cfg, a.machine.split(":", 1)[-1].strip(), a.notes, earlier, a.conditions)
     )
 
 

@@ -2,8 +2,8 @@
 
     /work/venv/bin/python scripts/tiny_eval.py --model src/mlaq/assets/mlaq-tiny --json /work/tiny-runs/eval.json
 
-Also checks that transformers' from_pretrained reproduces the logits of the training module (TinyWithMtp)
-holding the same weights, and prints a few greedy completions of held-out prompts.
+Everything is computed through transformers' own DeepSeek-V3 implementation (scripts/tiny_export.load_tiny),
+not the training module; it also checks that the two give the same logits for the checkpoint's weights, and prints a few greedy completions of held-out prompts.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from tiny_export import load_tiny
 from tokenizers import Tokenizer
 
@@ -25,33 +24,19 @@ BUCKETS = ((0, 64), (64, 256), (256, 512), (512, 1024), (1024, 2048))
 
 
 def parity(model_dir: Path, ids: torch.Tensor) -> dict[str, float]:
-    """Max |logit| difference: from_pretrained model vs the training module given the raw state dict."""
-    from tiny_model import TinyWithMtp
-    from transformers import DeepseekV3Config
+    """Max |logit| difference, fp32: transformers (from_pretrained + its decoder layer as the MTP layer)
+    vs the training module (scripts/tiny_lean.py) holding the checkpoint's weights."""
+    from safetensors.torch import load_file
+    from tiny_lean import LeanTiny
 
     loaded = load_tiny(model_dir)
-    cfg = DeepseekV3Config.from_pretrained(model_dir)
-    cfg._attn_implementation = "eager"  # a different attention path from the loaded (sdpa) model
-    train_mod = TinyWithMtp(cfg)
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        raw = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118
-    n = cfg.num_hidden_layers
-    main = {k: v for k, v in raw.items() if not k.startswith(f"model.layers.{n}.")}
-    for i in range(1, n):  # checkpoint expert layout -> fused tensors, written out by hand (independent path)
-        pre = f"model.layers.{i}.mlp.experts."
-        e = range(cfg.n_routed_experts)
-        main[pre + "gate_up_proj"] = torch.stack(
-            [
-                torch.cat([main.pop(f"{pre}{j}.gate_proj.weight"), main.pop(f"{pre}{j}.up_proj.weight")])
-                for j in e
-            ]
-        )
-        main[pre + "down_proj"] = torch.stack([main.pop(f"{pre}{j}.down_proj.weight") for j in e])
-    train_mod.lm.load_state_dict(main, strict=True)
-    train_mod.mtp.load_state_dict(loaded.mtp.state_dict(), strict=True)
+    lean = LeanTiny(json.loads((model_dir / "config.json").read_text())).eval()
+    lean.load_checkpoint_tensors(
+        {k: v.float() for k, v in load_file(model_dir / "model.safetensors").items()}
+    )
     with torch.no_grad():
         a = loaded(ids)
-        b = train_mod.eval()(ids)
+        b = lean(ids)
     return {
         "main_logits_max_abs_diff": float((a[0] - b[0]).abs().max()),
         "mtp_logits_max_abs_diff": float((a[1] - b[1]).abs().max()),
