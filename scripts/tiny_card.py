@@ -63,6 +63,29 @@ def _stage(run: dict, n: int, total: int) -> str:
     )
 
 
+def _context_tables(ev: dict) -> str:
+    """The two same-token context measurements of scripts/tiny_eval.py, when present."""
+    out = []
+    if "context_curve" in ev:
+        rows = [
+            [str(r["context"]), f"{r['loss']:.3f}", f"{100 * r['mtp_acceptance']:.1f} %", str(r["tokens"])]
+            for r in ev["context_curve"]
+        ]
+        out.append(
+            "Same tokens, more context (the last 512 tokens of evenly spread 2048-token windows, scored when "
+            "the model sees only c tokens before them; content is fixed, only the context grows):\n\n"
+            + _table(rows, ["context c", "loss (nats/token)", "MTP acceptance", "tokens"])
+        )
+    if "copy_test" in ev:
+        rows = [[str(r["gap"]), f"{r['first']:.3f}", f"{r['second']:.3f}"] for r in ev["copy_test"]]
+        out.append(
+            "In-context copying (a 128-token held-out segment, `gap` tokens of other held-out text, the same "
+            "segment again; mean loss over 6 segments):\n\n"
+            + _table(rows, ["gap", "loss, first occurrence", "loss, second occurrence"])
+        )
+    return "\n\n".join(out)
+
+
 def render(
     run: dict, ev: dict, cfg: dict, machine: str, notes: str, earlier: list[dict], conditions: str
 ) -> str:
@@ -88,6 +111,7 @@ def render(
         for s in ev["samples"]
     )
     p, par = run["params"], ev["parity"]
+    curve = _context_tables(ev)
     runs = [*earlier, run]
     stages = "\n".join(_stage(r, i + 1, len(runs)) for i, r in enumerate(runs))
     total_min = round(sum(float(r["train_minutes"]) for r in runs), 1)
@@ -147,6 +171,8 @@ not stored for the MTP layer: the main model's embedding and lm_head are used. t
 Loss and MTP acceptance by context position (position within the 2048-token window):
 
 {_table(pos_rows, ["positions", "loss (nats/token)", "MTP acceptance", "tokens"])}
+
+{curve}
 
 Routed-expert load on the held-out text (share of routed slots per expert; uniform = {1 / cfg["n_routed_experts"]:.3f}):
 

@@ -21,6 +21,8 @@ from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKETS = ((0, 64), (64, 256), (256, 512), (512, 1024), (1024, 2048))
+CONTEXTS = (0, 64, 256, 512, 1024, 1536)  # tokens of context before the scored block
+SCORED = 512  # the block scored under every context length
 
 
 def parity(model_dir: Path, ids: torch.Tensor) -> dict[str, float]:
@@ -111,6 +113,51 @@ def heldout_metrics(model, tok: Tokenizer, ids: list[int], seq: int, max_windows
 
 
 @torch.no_grad()
+def context_curve(model, ids: list[int], seq: int, windows: int) -> list[dict]:
+    """Same tokens, more context: the last SCORED tokens of `windows` full windows (spread evenly over
+    the text), scored when the model sees only c tokens before the block, for c in CONTEXTS. Unlike loss
+    by position in the window (where content changes along with position), every row here scores the
+    same tokens, so a fall with c is the model using longer context."""
+    starts = list(range(0, len(ids) - seq - 1, seq))
+    step = max(1, len(starts) // windows) if windows else 1
+    starts = starts[::step][: windows or None]
+    rows = []
+    for c in CONTEXTS:
+        nll, acc, n, n_acc = 0.0, 0.0, 0, 0
+        for start in starts:
+            end = start + seq  # predicted tokens: ids[end - SCORED + 1 .. end]
+            chunk = torch.tensor(ids[end - SCORED - c : end + 1]).unsqueeze(0)  # (1, c + SCORED + 1)
+            logits, mlog, _, _ = model(chunk)  # (1, c + SCORED, V), (1, c + SCORED - 1, V)
+            nll += float(F.cross_entropy(logits[0, c:].float(), chunk[0, c + 1 :], reduction="sum"))
+            greedy, draft = logits[0].argmax(-1), mlog[0].argmax(-1)
+            acc += float((draft[c:] == greedy[c + 1 :]).sum())
+            n, n_acc = n + SCORED, n_acc + SCORED - 1
+        rows.append({"context": c, "loss": nll / n, "mtp_acceptance": acc / n_acc, "tokens": n})
+    return rows
+
+
+@torch.no_grad()
+def copy_test(
+    model, ids: list[int], segment: int = 128, gaps: tuple[int, ...] = (0, 256, 768, 1536)
+) -> list[dict]:
+    """In-context copying: a held-out segment A, then `gap` tokens of other held-out text, then A again.
+    A model that uses its context predicts the second A far better than the first (induction)."""
+    offsets = [len(ids) * (2 * k + 1) // 16 for k in range(6)]
+    rows = []
+    for gap in gaps:
+        first = second = 0.0
+        for off in offsets:
+            a = ids[off : off + segment]
+            filler = ids[off + 4 * segment : off + 4 * segment + gap]
+            x = torch.tensor(a + filler + a).unsqueeze(0)  # (1, 2 * segment + gap)
+            nll = F.cross_entropy(model(x)[0][0].float(), x[0, 1:], reduction="none")
+            first += float(nll[: segment - 1].mean())
+            second += float(nll[segment + gap :].mean())
+        rows.append({"gap": gap, "first": first / len(offsets), "second": second / len(offsets)})
+    return rows
+
+
+@torch.no_grad()
 def samples(model, tok: Tokenizer, ids: list[int], offsets: list[int], prompt: int, new: int) -> list[dict]:
     """Greedy completions (transformers generate with its KV cache) of held-out prompts."""
     out = []
@@ -137,6 +184,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--max-windows", type=int, default=0, help="0 = the whole text")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--curve-windows", type=int, default=24, help="windows for the context curve (0 = all)")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -151,6 +199,8 @@ def main() -> None:
         "text_tokens": len(ids),
         "parity": parity(a.model, torch.tensor(ids[:512]).unsqueeze(0)),
         "heldout": heldout_metrics(model, tok, ids, a.seq, a.max_windows),
+        "context_curve": context_curve(model, ids, a.seq, a.curve_windows),
+        "copy_test": copy_test(model, ids),
         "samples": samples(model, tok, ids, [len(ids) // 7, len(ids) // 2, (5 * len(ids)) // 6], 256, 48),
         "params": sum(q.numel() for q in model.parameters()),
         "eval_seconds": round(time.time() - t0, 1),
