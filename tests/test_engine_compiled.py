@@ -42,6 +42,8 @@ def test_compiled_greedy_equals_eager(checkpoint):
     assert tokens(compiled_llm, PROMPTS) == eager
     # the growing cache length is dynamic: one static first compile, one dynamic recompile, not one per step
     assert counters["stats"]["unique_graphs"] <= 2
+    # freezing / cpp_wrapper apply only while mlaq's compiled steps run: nothing leaks into torch's config
+    assert not torch._inductor.config.freezing and not torch._inductor.config.cpp_wrapper
 
 
 def test_compiled_speculative_greedy_equals_plain_greedy(checkpoint):
