@@ -56,17 +56,23 @@ def test_compiled_speculative_greedy_equals_plain_greedy(checkpoint):
     assert spec.spec_decoding_stats is not None and spec.spec_decoding_stats.num_drafts > 0
 
 
-def test_static_moe_matches_eager_moe(checkpoint):
-    """The routing-independent MoE (gathered and all-expert forms) against MoE.forward."""
+@pytest.mark.parametrize("top_k", [2, 3])
+def test_static_moe_matches_eager_moe(checkpoint, tmp_path, top_k):
+    """The routing-independent MoE (gathered and all-expert forms) against MoE.forward; top_k 3 takes
+    the sorted-experts branch (with 2 the sum needs no order)."""
     from mlaq.model.static_step import _moe
 
+    if top_k != 2:
+        hf_checkpoint("deepseek_v3", tmp_path, num_hidden_layers=2, num_experts_per_tok=top_k)
+        checkpoint = tmp_path
     model = load_model(checkpoint)
+    assert model.config.hf["num_experts_per_tok"] == top_k
     static = StaticStep(model)
     layer = 1  # first_k_dense_replace = 1: layer 1 is the MoE
     moe, experts = model.model.layers[layer].mlp, static.experts[layer]
     assert experts is not None
     g = torch.Generator().manual_seed(0)
-    for n in (1, 3, 9):  # n*k < E gathers (n = 1, 3), else every expert runs (n = 9)
+    for n in (1, 2, 9):  # n*k < E gathers (n = 1, 2), else every expert runs (n = 9)
         x = torch.randn(1, n, model.config.hidden_size, generator=g)
         torch.testing.assert_close(_moe(moe, experts, x), moe(x), rtol=1e-5, atol=1e-6)
 
