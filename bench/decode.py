@@ -31,6 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 from mlaq.engine.llm import LLM  # noqa: E402
 from mlaq.engine.sampling_params import SamplingParams  # noqa: E402
@@ -71,7 +72,7 @@ def bench_mlaq(
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
     llm = LLM(
         path,
-        dtype=torch.float32,  # as transformers below, whatever the checkpoint stores
+        dtype=args.torch_dtype,  # as transformers below, whatever the checkpoint stores
         max_model_len=args.prompt_len + args.new_tokens + 8,
         max_num_seqs=batch,
         speculative_config=spec,
@@ -104,7 +105,7 @@ def bench_transformers(path: Path, batch: int, args: argparse.Namespace) -> floa
 
     transformers.logging.set_verbosity_error()  # the MTP tensors it does not know are expected
     transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=args.torch_dtype).eval()
     ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size))
     kw = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False}
     with torch.no_grad():
@@ -128,7 +129,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the fastest counts")
     p.add_argument("--compile", action="store_true", help="also mlaq with compile=True (second table)")
     p.add_argument("--compile-spec-batches", type=int, nargs="*", default=[1])
+    p.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations, both engines"
+    )
     args = p.parse_args()
+    args.torch_dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or (
@@ -139,7 +144,7 @@ def main() -> None:
             f"machine: {cpu_name()} ({os.cpu_count()} cores), {args.threads} thread(s), torch {torch.__version__}"
         )
         print(
-            f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, greedy, fp32, "
+            f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, greedy, {args.dtype}, "
             f"best of {args.repeats} runs\n"
         )
         print(
