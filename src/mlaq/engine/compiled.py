@@ -58,7 +58,7 @@ class CompiledLatentLM(DeepseekLatentLM):
         stacked = past if isinstance(past, Tensor) else torch.stack(tuple(past))
         torch._dynamo.mark_dynamic(stacked, 2)
         logits, hidden, entries = self._decode(input_ids, positions, stacked, cos, sin, logits_index)
-        return LMOutput(logits, hidden, tuple(entries))
+        return LMOutput(logits, hidden, entries)  # entries: (layers, B, T, L+R)
 
     @torch.no_grad()
     def mtp(
@@ -81,8 +81,9 @@ class CompiledLatentLM(DeepseekLatentLM):
     def _rotation(self, positions: Tensor, num_past: int) -> tuple[Tensor, Tensor]:
         """RoPE cos / sin (B, T, R) of ``positions``; checks they continue a past of ``num_past``."""
         t = positions.shape[1]
-        expected = positions[:, :1] + torch.arange(t)  # (B, T)
-        if not torch.equal(positions, expected) or int(positions[:, 0].max()) != num_past:
+        # one token a row is consecutive by itself (decode: skip two tensor ops a step)
+        consecutive = t == 1 or torch.equal(positions, positions[:, :1] + torch.arange(t))  # (B, T)
+        if not consecutive or int(positions[:, 0].max()) != num_past:
             raise ValueError(
                 f"positions must be consecutive per row and the longest row must start at the "
                 f"gathered cache length {num_past}"

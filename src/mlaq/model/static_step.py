@@ -95,9 +95,9 @@ class StaticStep:
         cos: Tensor,
         sin: Tensor,
         logits_index: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Main layers: ids / positions (B, T), past[i] (B, S, L+R) with S = max start, cos / sin
-        (B, T, R) -> (logits (B, T or 1, vocab) fp32, hidden (B, T, H), entries (B, T, L+R) per layer)."""
+        (B, T, R) -> (logits (B, T or 1, vocab) fp32, hidden (B, T, H), entries (layers, B, T, L+R))."""
         m = self.model
         x = m.model.embed_tokens(input_ids)  # (B, T, H)
         mask = _causal(positions, past[0].shape[1] + positions.shape[1])
@@ -106,7 +106,8 @@ class StaticStep:
             x, entry = self._layer(i, layer, x, positions, past[i], cos, sin, mask)
             entries.append(entry)
         hidden = m.model.norm(x)
-        return m.lm_head(select_rows(hidden, logits_index)).float(), hidden, entries
+        # entries stacked in the graph: the engine stores them with one write
+        return m.lm_head(select_rows(hidden, logits_index)).float(), hidden, torch.stack(entries)
 
     def mtp(
         self,
