@@ -44,13 +44,16 @@ class _EagerScheme:
         self.apply = torch.compiler.disable(scheme.apply)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Experts:
-    """Routed experts' weights stacked: gate / up (E, I, H), down (E, H, I)."""
+class _Experts(torch.nn.Module):
+    """Routed experts' weights stacked: gate / up (E, I, H), down (E, H, I). Buffers of a module, so
+    torch.compile treats them as the model's weights (frozen constants, guarded by identity) rather
+    than as graph inputs whose shape and strides are checked on every call."""
 
-    gate: Tensor
-    up: Tensor
-    down: Tensor
+    def __init__(self, gate: Tensor, up: Tensor, down: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("gate", gate)
+        self.register_buffer("up", up)
+        self.register_buffer("down", down)
 
 
 class StaticStep:
