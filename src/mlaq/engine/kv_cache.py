@@ -175,7 +175,8 @@ class LatentKVCache:
         """Layer i of ``entries`` (T, width_i) at ``slots`` (T,) or a slice, for layers 0..len(entries)-1
         (``entries`` may be one (layers, T, width) tensor)."""
         c = self.config
-        if any(c.extra_dims[: len(entries)]) or c.kv_cache_dtype is not KVCacheDtype.AUTO:
+        n = entries.shape[0] if isinstance(entries, Tensor) else len(entries)  # len(Tensor) is slow
+        if any(c.extra_dims[:n]) or c.kv_cache_dtype is not KVCacheDtype.AUTO:
             for layer, entry in enumerate(entries):
                 self.write(layer, slots, entry)
             return
@@ -185,7 +186,7 @@ class LatentKVCache:
                 f"cache write of shape {tuple(stacked.shape)} at {_count(slots)} slots; "
                 f"expected (layers, T, L + R = {c.entry_size})"
             )
-        self.data[: len(entries), slots] = stacked.to(c.dtype)
+        self.data[:n, slots] = stacked if stacked.dtype == c.dtype else stacked.to(c.dtype)
 
     def split(self, latents: Tensor) -> tuple[Tensor, Tensor]:
         """(..., L + R [+ extra]) -> c_kv (..., L), k_pe (..., R)."""

@@ -48,7 +48,7 @@ class ModelRunner:
     ) -> None:
         spans = [(s.seq_id, st, st + n) for s, st, n in zip(seqs, starts, lengths, strict=True)]
         slots = self.blocks.slot_index(spans)  # (sum T_b,) or a slice
-        n_layers = len(entries)
+        n_layers = entries.shape[0] if isinstance(entries, Tensor) else len(entries)
         b, t = entries.shape[1:3] if isinstance(entries, Tensor) else entries[0].shape[:2]
         no_padding = all(n == t for n in lengths)
         if isinstance(entries, Tensor) and no_padding and list(layers) == list(range(n_layers)):
