@@ -3,17 +3,20 @@
     /work/venv/bin/python bench/decode.py                  # bundled mlaq-tiny if present, else a random tiny checkpoint
     /work/venv/bin/python bench/decode.py --model DIR --batches 1 4 16 --new-tokens 64
     /work/venv/bin/python bench/decode.py --threads 1 --compile   # + mlaq with compile=True
+    /work/venv/bin/python bench/decode.py --threads 1 --compile --dtype bfloat16 --batches 1
 
-With --compile, a second table gives ``LLM(..., compile=True)`` (torch.compile'd decode / MTP steps)
-at every batch, with MTP only at --compile-spec-batches (default 1). Its warm-up covers every shape of
-the timed run (it is the same run), so compilation is excluded from tok/s and reported separately
-(warm-up time minus timed time). Graphs are reused across LLM instances of one process where guards
-allow (same code, shapes already seen), so later rows may show little or no compile time.
+With --compile, a second table gives ``LLM(..., compile=True)`` (torch.compile'd decode / MTP steps,
+weights frozen into the graphs) at every batch, with MTP only at --compile-spec-batches (default 1).
+Its warm-up covers every shape of the timed run (it is the same run), so compilation is excluded
+from tok/s and reported separately (warm-up time minus timed time). Graphs are reused across LLM
+instances of one process where guards allow (same code, shapes already seen), so later rows may
+show little or no compile time.
 
 Tokens/s = generated tokens / wall time of the whole generate call (prefill included; the fastest of
---repeats runs), greedy,
-ignore_eos, fp32 on CPU, one thread set by --threads. Ratios are mlaq / transformers at equal batch.
-Speculative rows also give vLLM's mean acceptance length.
+--repeats runs), greedy, ignore_eos, on CPU, one thread set by --threads; --dtype (float32 by
+default, or the checkpoint's bfloat16) for both engines. Ratios are mlaq / transformers at equal
+batch. Speculative rows also give vLLM's mean acceptance length. ``bench/roofline.py`` gives the
+batch-1 floor these numbers are bounded by (weight bytes per token / read bandwidth).
 """
 
 from __future__ import annotations
