@@ -46,6 +46,18 @@ def test_compiled_greedy_equals_eager(checkpoint):
     assert not torch._inductor.config.freezing and not torch._inductor.config.cpp_wrapper
 
 
+def test_frozen_graphs_are_not_shared_between_models(checkpoint, tmp_path):
+    """compile=True freezes the weights into the graphs: a second model of the same shapes (other
+    weights) in the same process must get its own graphs, hence its own eager tokens."""
+    first = LLM(checkpoint, max_model_len=64, compile=True)
+    assert tokens(first, PROMPTS[:1]) == tokens(LLM(checkpoint, max_model_len=64), PROMPTS[:1])
+    del first  # its parameters may be freed; their ids must not let its graphs serve the other model
+    hf_checkpoint("deepseek_v3", tmp_path, seed=1, num_hidden_layers=2)
+    other = tokens(LLM(tmp_path, max_model_len=64, compile=True), PROMPTS[:1])
+    assert other == tokens(LLM(tmp_path, max_model_len=64), PROMPTS[:1])
+    assert other != tokens(LLM(checkpoint, max_model_len=64), PROMPTS[:1])  # the models do differ
+
+
 def test_compiled_speculative_greedy_equals_plain_greedy(checkpoint):
     """Verification (T = k + 1) and MTP steps through the compiled graphs; aot_eager keeps the test
     fast (the same dynamo graphs and dynamic shapes, without inductor's C++ build per shape)."""

@@ -7,7 +7,9 @@ run once per request and their lengths vary. The compiled step is
 length S is marked dynamic, so a growing cache does not recompile (batch size and T, the tokens per
 row, are specialized: a handful of shapes per run). Inductor freezes the parameters (weights become
 constants of the graph, linear weights prepacked for MKL) and emits a C++ launcher; both settings
-apply only while these steps run (torch's global config is left as it was).
+apply only while these steps run (torch's global config is left as it was). Frozen graphs belong to
+one model: dynamo guards the parameters by identity, so another ``LLM`` in the same process compiles
+its own (tested), and the process's compile cache keeps the weights of earlier ones alive.
 
 Compilation happens on first use of each shape (seconds to a minute on a few cores); tokens chosen
 greedily are those of the eager path on the tested checkpoints, but logits may differ in the last
