@@ -1,7 +1,7 @@
 """``LLM(..., compile=True)``: torch.compile'd decode / verification / MTP steps give eager's greedy tokens.
 
 One tiny checkpoint (1 dense + 1 MoE layer + MTP, hidden 64), few shapes: each new (batch, T) shape
-costs an inductor compile (seconds on 2 cores; ~35 s for this file with a cold inductor cache).
+costs an inductor compile (seconds on 2 cores; ~40 s for this file with a cold inductor cache).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def test_compiled_greedy_equals_eager(checkpoint):
     # the growing cache length is dynamic: one static first compile, one dynamic recompile, not one per step
     assert counters["stats"]["unique_graphs"] <= 2
     # freezing / cpp_wrapper apply only while mlaq's compiled steps run: nothing leaks into torch's config
-    assert not torch._inductor.config.freezing and not torch._inductor.config.cpp_wrapper
+    inductor = torch._inductor.config
+    assert not (inductor.freezing or inductor.cpp_wrapper or inductor.emulate_precision_casts)
 
 
 def test_frozen_graphs_are_not_shared_between_models(checkpoint, tmp_path):
