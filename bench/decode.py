@@ -3,17 +3,20 @@
     /work/venv/bin/python bench/decode.py                  # bundled mlaq-tiny if present, else a random tiny checkpoint
     /work/venv/bin/python bench/decode.py --model DIR --batches 1 4 16 --new-tokens 64
     /work/venv/bin/python bench/decode.py --threads 1 --compile   # + mlaq with compile=True
+    /work/venv/bin/python bench/decode.py --threads 1 --compile --dtype bfloat16 --batches 1
 
-With --compile, a second table gives ``LLM(..., compile=True)`` (torch.compile'd decode / MTP steps)
-at every batch, with MTP only at --compile-spec-batches (default 1). Its warm-up covers every shape of
-the timed run (it is the same run), so compilation is excluded from tok/s and reported separately
-(warm-up time minus timed time). Graphs are reused across LLM instances of one process where guards
-allow (same code, shapes already seen), so later rows may show little or no compile time.
+With --compile, a second table gives ``LLM(..., compile=True)`` (torch.compile'd decode / MTP steps,
+weights frozen into the graphs) at every batch, with MTP only at --compile-spec-batches (default 1).
+Its warm-up covers every shape of the timed run (it is the same run), so compilation is excluded
+from tok/s and reported separately (warm-up time minus timed time). Graphs are reused across LLM
+instances of one process where guards allow (same code, shapes already seen), so later rows may
+show little or no compile time.
 
 Tokens/s = generated tokens / wall time of the whole generate call (prefill included; the fastest of
---repeats runs), greedy,
-ignore_eos, fp32 on CPU, one thread set by --threads. Ratios are mlaq / transformers at equal batch.
-Speculative rows also give vLLM's mean acceptance length.
+--repeats runs), greedy, ignore_eos, on CPU, one thread set by --threads; --dtype (float32 by
+default, or the checkpoint's bfloat16) for both engines. Ratios are mlaq / transformers at equal
+batch. Speculative rows also give vLLM's mean acceptance length. ``bench/roofline.py`` gives the
+batch-1 floor these numbers are bounded by (weight bytes per token / read bandwidth).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 from mlaq.engine.llm import LLM  # noqa: E402
 from mlaq.engine.sampling_params import SamplingParams  # noqa: E402
@@ -71,7 +75,7 @@ def bench_mlaq(
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
     llm = LLM(
         path,
-        dtype=torch.float32,  # as transformers below, whatever the checkpoint stores
+        dtype=args.torch_dtype,  # as transformers below, whatever the checkpoint stores
         max_model_len=args.prompt_len + args.new_tokens + 8,
         max_num_seqs=batch,
         speculative_config=spec,
@@ -104,7 +108,7 @@ def bench_transformers(path: Path, batch: int, args: argparse.Namespace) -> floa
 
     transformers.logging.set_verbosity_error()  # the MTP tensors it does not know are expected
     transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=args.torch_dtype).eval()
     ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size))
     kw = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False}
     with torch.no_grad():
@@ -128,7 +132,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the fastest counts")
     p.add_argument("--compile", action="store_true", help="also mlaq with compile=True (second table)")
     p.add_argument("--compile-spec-batches", type=int, nargs="*", default=[1])
+    p.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations, both engines"
+    )
     args = p.parse_args()
+    args.torch_dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or (
@@ -139,7 +147,7 @@ def main() -> None:
             f"machine: {cpu_name()} ({os.cpu_count()} cores), {args.threads} thread(s), torch {torch.__version__}"
         )
         print(
-            f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, greedy, fp32, "
+            f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, greedy, {args.dtype}, "
             f"best of {args.repeats} runs\n"
         )
         print(

@@ -1,7 +1,7 @@
 """``LLM(..., compile=True)``: torch.compile'd decode / verification / MTP steps give eager's greedy tokens.
 
 One tiny checkpoint (1 dense + 1 MoE layer + MTP, hidden 64), few shapes: each new (batch, T) shape
-costs an inductor compile (seconds on 2 cores; ~35 s for this file with a cold inductor cache).
+costs an inductor compile (seconds on 2 cores; ~40 s for this file with a cold inductor cache).
 """
 
 from __future__ import annotations
@@ -42,6 +42,21 @@ def test_compiled_greedy_equals_eager(checkpoint):
     assert tokens(compiled_llm, PROMPTS) == eager
     # the growing cache length is dynamic: one static first compile, one dynamic recompile, not one per step
     assert counters["stats"]["unique_graphs"] <= 2
+    # freezing / cpp_wrapper apply only while mlaq's compiled steps run: nothing leaks into torch's config
+    inductor = torch._inductor.config
+    assert not (inductor.freezing or inductor.cpp_wrapper or inductor.emulate_precision_casts)
+
+
+def test_frozen_graphs_are_not_shared_between_models(checkpoint, tmp_path):
+    """compile=True freezes the weights into the graphs: a second model of the same shapes (other
+    weights) in the same process must get its own graphs, hence its own eager tokens."""
+    first = LLM(checkpoint, max_model_len=64, compile=True)
+    assert tokens(first, PROMPTS[:1]) == tokens(LLM(checkpoint, max_model_len=64), PROMPTS[:1])
+    del first  # its parameters may be freed; their ids must not let its graphs serve the other model
+    hf_checkpoint("deepseek_v3", tmp_path, seed=1, num_hidden_layers=2)
+    other = tokens(LLM(tmp_path, max_model_len=64, compile=True), PROMPTS[:1])
+    assert other == tokens(LLM(tmp_path, max_model_len=64), PROMPTS[:1])
+    assert other != tokens(LLM(checkpoint, max_model_len=64), PROMPTS[:1])  # the models do differ
 
 
 def test_compiled_speculative_greedy_equals_plain_greedy(checkpoint):
@@ -54,17 +69,23 @@ def test_compiled_speculative_greedy_equals_plain_greedy(checkpoint):
     assert spec.spec_decoding_stats is not None and spec.spec_decoding_stats.num_drafts > 0
 
 
-def test_static_moe_matches_eager_moe(checkpoint):
-    """The routing-independent MoE (gathered and all-expert forms) against MoE.forward."""
+@pytest.mark.parametrize("top_k", [2, 3])
+def test_static_moe_matches_eager_moe(checkpoint, tmp_path, top_k):
+    """The routing-independent MoE (gathered and all-expert forms) against MoE.forward; top_k 3 takes
+    the sorted-experts branch (with 2 the sum needs no order)."""
     from mlaq.model.static_step import _moe
 
+    if top_k != 2:
+        hf_checkpoint("deepseek_v3", tmp_path, num_hidden_layers=2, num_experts_per_tok=top_k)
+        checkpoint = tmp_path
     model = load_model(checkpoint)
+    assert model.config.hf["num_experts_per_tok"] == top_k
     static = StaticStep(model)
     layer = 1  # first_k_dense_replace = 1: layer 1 is the MoE
     moe, experts = model.model.layers[layer].mlp, static.experts[layer]
     assert experts is not None
     g = torch.Generator().manual_seed(0)
-    for n in (1, 3, 9):  # n*k < E gathers (n = 1, 3), else every expert runs (n = 9)
+    for n in (1, 2, 9):  # n*k < E gathers (n = 1, 2), else every expert runs (n = 9)
         x = torch.randn(1, n, model.config.hidden_size, generator=g)
         torch.testing.assert_close(_moe(moe, experts, x), moe(x), rtol=1e-5, atol=1e-6)
 

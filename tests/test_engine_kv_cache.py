@@ -228,3 +228,28 @@ def test_lone_sequence_in_consecutive_blocks_reads_as_a_view():
     assert bm.batch_slots(["a"]).first_slot is None
     assert bm.batch_slots(["a"], [12]).first_slot == 0  # its first 12 tokens are still consecutive
     assert bm.batch_slots(["a", "b"]).first_slot is None
+
+
+def test_consecutive_slots_write_as_a_slice():
+    """slot_index: a slice when a write's slots are consecutive, else the slots_of tensor; writing a
+    slice, or one stacked (layers, T, E) tensor, stores what the per-layer tensor-indexed write does."""
+    bm, cache = make()
+    bm.grow("a", 6)  # blocks 0, 1
+    bm.grow("b", 4)  # block 2
+    bm.grow("a", 9)  # block 3: "a" is [0, 1, 3]
+    assert bm.slot_index([("a", 4, 8)]) == slice(4, 8)  # inside blocks 0, 1: consecutive
+    assert bm.slot_index([("a", 5, 6)]) == slice(5, 6)  # a decode row
+    scattered = bm.slot_index([("a", 6, 9)])  # crosses from block 1 into block 3
+    assert isinstance(scattered, torch.Tensor) and torch.equal(scattered, bm.slots_of([("a", 6, 9)]))
+    assert torch.equal(bm.slot_index([("a", 0, 2), ("b", 0, 2)]), bm.slots_of([("a", 0, 2), ("b", 0, 2)]))
+    entries = torch.randn(2, 4, L + R, generator=torch.Generator().manual_seed(0))  # (layers, T, E)
+    _, reference = make()
+    for layer in range(2):
+        reference.write(layer, bm.slots_of([("a", 4, 8)]), entries[layer])
+    cache.write_layers(slice(4, 8), entries)  # stacked, at a slice
+    assert torch.equal(cache.data, reference.data)
+    _, per_layer = make()
+    per_layer.write_layers(slice(4, 8), list(entries))
+    assert torch.equal(per_layer.data, reference.data)
+    with pytest.raises(ValueError, match="at 3 slots"):
+        cache.write(0, slice(4, 7), entries[0])

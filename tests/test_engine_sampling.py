@@ -150,6 +150,16 @@ def test_logprobs_are_raw_log_softmax():
     )
 
 
+def test_sampler_without_logprobs_chooses_the_same_tokens():
+    """logprobs=False (the engine's decode loop) skips the log_softmax, not the choice or the RNG."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(5))
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=1), SamplingParams(top_k=5)]
+    with_lp = sample(logits, params, [torch.Generator().manual_seed(i) for i in range(3)])
+    without = sample(logits, params, [torch.Generator().manual_seed(i) for i in range(3)], logprobs=False)
+    assert torch.equal(with_lp.token_ids, without.token_ids)
+    assert with_lp.logprobs is not None and without.logprobs is None and without.top_token_ids is None
+
+
 def test_sampler_checks_shapes():
     with pytest.raises(ValueError, match="do not fit 2 requests"):
         sample(torch.zeros(3, 5), [SamplingParams()] * 2, [None] * 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -17,17 +18,44 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class BatchSlots:
-    """Where a batch of sequences' cached tokens live: what a gather needs, computed once a step."""
+    """Where a batch of sequences' cached tokens live: what a gather needs, computed once a step.
 
-    slots: Tensor  # (B, S_max) int64; padded positions point at slot 0 and are masked
-    lengths: Tensor  # (B,) int64, cached tokens per sequence
-    padded: bool = True  # False when every sequence has S_max tokens (nothing to mask)
+    Plain ints; the tensors are built on first use (a lone sequence in consecutive slots is read as
+    one slice of the cache and needs none: a decode step then makes no tensor here)."""
+
+    tables: tuple[tuple[int, ...], ...]  # per sequence, the blocks of its first S_max tokens (0-padded)
+    lens: tuple[int, ...]  # cached tokens per sequence
+    block_size: int
     first_slot: int | None = None  # one sequence whose S_max slots are consecutive from here, else None
+
+    @property
+    def num_slots(self) -> int:
+        """S_max, the longest sequence's cached tokens."""
+        return max(self.lens, default=0)
+
+    @property
+    def padded(self) -> bool:
+        """False when every sequence has S_max tokens (nothing to mask)."""
+        return any(n != self.num_slots for n in self.lens)
+
+    @cached_property
+    def slots(self) -> Tensor:
+        """(B, S_max) int64; padded positions point at slot 0 and are masked."""
+        width = len(self.tables[0]) if self.tables else 1
+        tables = torch.tensor(self.tables, dtype=torch.int64).view(len(self.lens), width)  # (B, max_blocks)
+        pos = torch.arange(self.num_slots)  # (S_max,)
+        slots = tables[:, pos // self.block_size] * self.block_size + pos % self.block_size  # (B, S_max)
+        return slots.masked_fill(~self.mask, 0) if self.padded else slots
+
+    @cached_property
+    def lengths(self) -> Tensor:
+        """(B,) int64, cached tokens per sequence."""
+        return torch.tensor(self.lens, dtype=torch.int64)
 
     @property
     def mask(self) -> Tensor:
         """(B, S_max) bool, True where a position holds one of the sequence's tokens."""
-        return torch.arange(self.slots.shape[1])[None, :] < self.lengths[:, None]
+        return torch.arange(self.num_slots)[None, :] < self.lengths[:, None]
 
 
 class BlockManager:
@@ -123,6 +151,14 @@ class BlockManager:
         """Slots of several (seq_id, start, end) spans, concatenated: (sum of end - start,) int64."""
         return torch.tensor([slot for span in spans for slot in self._slots(*span)], dtype=torch.int64)
 
+    def slot_index(self, spans: Sequence[tuple[Hashable, int, int]]) -> Tensor | slice:
+        """``slots_of(spans)`` as a cache write indexes with: a slice when the slots are consecutive
+        (a decode row, or tokens within one block), else the (sum of end - start,) int64 tensor."""
+        slots = [slot for span in spans for slot in self._slots(*span)]
+        if slots and slots == list(range(slots[0], slots[0] + len(slots))):
+            return slice(slots[0], slots[0] + len(slots))
+        return torch.tensor(slots, dtype=torch.int64)
+
     def _slots(self, seq_id: Hashable, start: int, end: int) -> list[int]:
         if not 0 <= start <= end <= self.num_tokens(seq_id):
             raise ValueError(
@@ -141,17 +177,10 @@ class BlockManager:
                 raise ValueError(f"sequence {s!r} has {self.num_tokens(s)} slots, asked for {n}")
         s_max = max(lens, default=0)
         max_blocks = max(self.blocks_needed(s_max), 1)
-        tables = [(self._tables[s][:max_blocks] + [0] * max_blocks)[:max_blocks] for s in seq_ids]
-        tables_t = torch.tensor(tables, dtype=torch.int64).view(len(lens), max_blocks)  # (B, max_blocks)
-        pos = torch.arange(s_max)  # (S_max,)
-        slots = tables_t[:, pos // self.block_size] * self.block_size + pos % self.block_size  # (B, S_max)
-        lengths_t = torch.tensor(lens, dtype=torch.int64)
-        padded = any(n != s_max for n in lens)
-        if padded:
-            slots = slots.masked_fill(pos[None, :] >= lengths_t[:, None], 0)
+        tables = tuple(tuple((self._tables[s][:max_blocks] + [0] * max_blocks)[:max_blocks]) for s in seq_ids)
         first = None
         if len(tables) == 1 and s_max:  # a lone sequence in consecutive blocks reads as one slice
             blocks = tables[0][: self.blocks_needed(s_max)]
-            if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+            if blocks == tuple(range(blocks[0], blocks[0] + len(blocks))):
                 first = blocks[0] * self.block_size
-        return BatchSlots(slots, lengths_t, padded, first)
+        return BatchSlots(tables, tuple(lens), self.block_size, first)

@@ -120,14 +120,15 @@ class LatentKVCache:
         extra = sum(t.numel() * t.element_size() for t in self.extra.values())
         return self.data.numel() * self.data.element_size() + extra
 
-    def write(self, layer: int, slots: Tensor, entries: Tensor) -> None:
-        """Store ``entries`` (T, L + R [+ extra]) = [c_kv | k_pe | index key] of T tokens at ``slots`` (T,)."""
+    def write(self, layer: int, slots: Tensor | slice, entries: Tensor) -> None:
+        """Store ``entries`` (T, L + R [+ extra]) = [c_kv | k_pe | index key] of T tokens at ``slots``
+        (T,) (or a slice of T consecutive slots)."""
         c = self.config
         width = c.layer_width(layer)
-        if entries.dim() != 2 or entries.shape[1] != width or entries.shape[0] != slots.shape[0]:
+        if entries.dim() != 2 or entries.shape[1] != width or entries.shape[0] != _count(slots):
             extra = f" + {c.extra_dims[layer]} indexer" if c.extra_dims[layer] else ""
             raise ValueError(
-                f"cache write of shape {tuple(entries.shape)} at {slots.shape[0]} slots of layer {layer}; "
+                f"cache write of shape {tuple(entries.shape)} at {_count(slots)} slots of layer {layer}; "
                 f"expected (T, L + R = {c.kv_lora_rank} + {c.qk_rope_head_dim}{extra})"
             )
         latent = entries[:, : c.entry_size]
@@ -163,29 +164,36 @@ class LatentKVCache:
             return [self.gather(layer, batch)[0] for layer in range(num_layers)]
         if batch.first_slot is not None and c.kv_cache_dtype is KVCacheDtype.AUTO:
             # one sequence in consecutive slots: a view, no copy of its history (read-only use)
-            s = batch.slots.shape[1]
+            s = batch.num_slots
             return self.data[:num_layers, None, batch.first_slot : batch.first_slot + s]  # (n, 1, S, L+R)
         stored = self.data[:num_layers, batch.slots]  # (n, B, S_max, L+R)
         if c.kv_cache_dtype is KVCacheDtype.FP8_E4M3:
             stored = dequantize_fp8_e4m3(stored, c.scale, c.dtype)
         return stored.masked_fill(~batch.mask[None, :, :, None], 0) if batch.padded else stored
 
-    def write_layers(self, slots: Tensor, entries: Sequence[Tensor]) -> None:
-        """Layer i of ``entries`` (T, width_i) at ``slots`` (T,), for layers 0..len(entries)-1."""
+    def write_layers(self, slots: Tensor | slice, entries: Sequence[Tensor] | Tensor) -> None:
+        """Layer i of ``entries`` (T, width_i) at ``slots`` (T,) or a slice, for layers 0..len(entries)-1
+        (``entries`` may be one (layers, T, width) tensor)."""
         c = self.config
-        if any(c.extra_dims[: len(entries)]) or c.kv_cache_dtype is not KVCacheDtype.AUTO:
+        n = entries.shape[0] if isinstance(entries, Tensor) else len(entries)  # len(Tensor) is slow
+        if any(c.extra_dims[:n]) or c.kv_cache_dtype is not KVCacheDtype.AUTO:
             for layer, entry in enumerate(entries):
                 self.write(layer, slots, entry)
             return
-        stacked = torch.stack(tuple(entries))  # (n, T, L+R)
-        if stacked.shape[1:] != (slots.shape[0], c.entry_size):
+        stacked = entries if isinstance(entries, Tensor) else torch.stack(tuple(entries))  # (n, T, L+R)
+        if stacked.shape[1:] != (_count(slots), c.entry_size):
             raise ValueError(
-                f"cache write of shape {tuple(stacked.shape)} at {slots.shape[0]} slots; "
+                f"cache write of shape {tuple(stacked.shape)} at {_count(slots)} slots; "
                 f"expected (layers, T, L + R = {c.entry_size})"
             )
-        self.data[: len(entries), slots] = stacked.to(c.dtype)
+        self.data[:n, slots] = stacked if stacked.dtype == c.dtype else stacked.to(c.dtype)
 
     def split(self, latents: Tensor) -> tuple[Tensor, Tensor]:
         """(..., L + R [+ extra]) -> c_kv (..., L), k_pe (..., R)."""
         lora, rope = self.config.kv_lora_rank, self.config.qk_rope_head_dim
         return latents[..., :lora], latents[..., lora : lora + rope]
+
+
+def _count(slots: Tensor | slice) -> int:
+    """How many slots a write index addresses (slices come from ``BlockManager.slot_index``)."""
+    return slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0]

@@ -26,7 +26,8 @@ class LMOutput:
 
     logits: Tensor  # (B, T, vocab) float32
     hidden: Tensor  # (B, T, H): what the MTP layer consumes (main model) / chains on (MTP)
-    entries: tuple[Tensor, ...]  # per cache layer written by the call: (B, T, L+R [+ D]) each
+    # per cache layer written by the call: (B, T, L+R [+ D]) each, or stacked (layers, B, T, L+R)
+    entries: tuple[Tensor, ...] | Tensor
 
 
 @dataclass(frozen=True)

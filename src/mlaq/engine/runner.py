@@ -35,26 +35,32 @@ class ModelRunner:
         # right-padded with each row's last token (a real id: padding outputs are discarded)
         rows = [list(tokens) + [tokens[-1]] * (t - len(tokens)) for tokens in token_lists]
         ids = torch.tensor(rows, dtype=torch.int64)  # (B, T)
-        positions = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(t)[None, :]  # (B, T)
+        positions = torch.tensor([range(st, st + t) for st in starts], dtype=torch.int64)  # (B, T)
         return ids, positions
 
     def _store(
         self,
         seqs: Sequence[Seq],
         layers: Sequence[int],
-        entries: Sequence[Tensor],
+        entries: Sequence[Tensor] | Tensor,
         lengths: Sequence[int],
         starts: Sequence[int],
     ) -> None:
         spans = [(s.seq_id, st, st + n) for s, st, n in zip(seqs, starts, lengths, strict=True)]
-        slots = self.blocks.slots_of(spans)  # (sum T_b,)
-        b, t = entries[0].shape[:2]
-        if all(n == t for n in lengths):  # no padding: (B, T, E) -> (B*T, E), row-major
+        slots = self.blocks.slot_index(spans)  # (sum T_b,) or a slice
+        n_layers = entries.shape[0] if isinstance(entries, Tensor) else len(entries)
+        b, t = entries.shape[1:3] if isinstance(entries, Tensor) else entries[0].shape[:2]
+        no_padding = all(n == t for n in lengths)
+        if isinstance(entries, Tensor) and no_padding and list(layers) == list(range(n_layers)):
+            # a compiled step's stacked (layers, B, T, E): one write, no per-layer ops
+            self.cache.write_layers(slots, entries.view(n_layers, b * t, -1))
+            return
+        if no_padding:  # (B, T, E) -> (B*T, E), row-major
             real = [entry.reshape(b * t, -1) for entry in entries]
         else:
             mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
             real = [entry[mask] for entry in entries]  # (B, T, E)[mask] -> (sum T_b, E), row-major
-        if list(layers) == list(range(len(entries))):
+        if list(layers) == list(range(n_layers)):
             self.cache.write_layers(slots, real)
             return
         for layer, entry in zip(layers, real, strict=True):

@@ -26,7 +26,7 @@ class SamplerOutput:
     """What the sampler chose for a batch of B rows."""
 
     token_ids: Tensor  # (B,) int64
-    logprobs: Tensor  # (B,) float32, raw logprob of each chosen token
+    logprobs: Tensor | None  # (B,) float32, raw logprob of each chosen token (None: not asked)
     top_token_ids: Tensor | None  # (B, N) int64, N = largest `logprobs` asked in the batch
     top_logprobs: Tensor | None  # (B, N) float32
 
@@ -89,10 +89,14 @@ def sample(
     logits: Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
+    *,
+    logprobs: bool = True,
 ) -> SamplerOutput:
     """Choose one token per row of ``logits`` (B, V) under each row's ``SamplingParams``.
 
     ``generators[i]`` is row i's own RNG (None: torch's global RNG); greedy rows draw nothing.
+    ``logprobs=False``: no log_softmax over the vocabulary (the engine's decode loop computes
+    logprobs only for requests that ask); the chosen tokens are the same.
     """
     if len(generators) != len(params):
         raise ValueError(f"got {len(generators)} generators for {len(params)} rows; pass one per row")
@@ -106,12 +110,14 @@ def sample(
     else:
         _check_batch(raw, params)
 
-    logprobs = torch.log_softmax(raw, dim=-1)  # raw_logprobs, vLLM's default
-    chosen_logprobs = logprobs.gather(1, chosen[:, None])[:, 0]  # (B,)
+    if not logprobs:
+        return SamplerOutput(chosen, None, None, None)
+    lp = torch.log_softmax(raw, dim=-1)  # raw_logprobs, vLLM's default
+    chosen_logprobs = lp.gather(1, chosen[:, None])[:, 0]  # (B,)
     n_top = max((p.logprobs or 0 for p in params), default=0)
     top_ids = top_lp = None
     if n_top > 0:
-        top_lp, top_ids = logprobs.topk(min(n_top, logprobs.shape[-1]), dim=-1)  # (B, N) each
+        top_lp, top_ids = lp.topk(min(n_top, lp.shape[-1]), dim=-1)  # (B, N) each
     return SamplerOutput(chosen, chosen_logprobs, top_ids, top_lp)
 
 

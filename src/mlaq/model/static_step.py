@@ -44,13 +44,16 @@ class _EagerScheme:
         self.apply = torch.compiler.disable(scheme.apply)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Experts:
-    """Routed experts' weights stacked: gate / up (E, I, H), down (E, H, I)."""
+class _Experts(torch.nn.Module):
+    """Routed experts' weights stacked: gate / up (E, I, H), down (E, H, I). Buffers of a module, so
+    torch.compile treats them as the model's weights (frozen constants, guarded by identity) rather
+    than as graph inputs whose shape and strides are checked on every call."""
 
-    gate: Tensor
-    up: Tensor
-    down: Tensor
+    def __init__(self, gate: Tensor, up: Tensor, down: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("gate", gate)
+        self.register_buffer("up", up)
+        self.register_buffer("down", down)
 
 
 class StaticStep:
@@ -95,9 +98,9 @@ class StaticStep:
         cos: Tensor,
         sin: Tensor,
         logits_index: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Main layers: ids / positions (B, T), past[i] (B, S, L+R) with S = max start, cos / sin
-        (B, T, R) -> (logits (B, T or 1, vocab) fp32, hidden (B, T, H), entries (B, T, L+R) per layer)."""
+        (B, T, R) -> (logits (B, T or 1, vocab) fp32, hidden (B, T, H), entries (layers, B, T, L+R))."""
         m = self.model
         x = m.model.embed_tokens(input_ids)  # (B, T, H)
         mask = _causal(positions, past[0].shape[1] + positions.shape[1])
@@ -106,7 +109,8 @@ class StaticStep:
             x, entry = self._layer(i, layer, x, positions, past[i], cos, sin, mask)
             entries.append(entry)
         hidden = m.model.norm(x)
-        return m.lm_head(select_rows(hidden, logits_index)).float(), hidden, entries
+        # entries stacked in the graph: the engine stores them with one write
+        return m.lm_head(select_rows(hidden, logits_index)).float(), hidden, torch.stack(entries)
 
     def mtp(
         self,
@@ -174,8 +178,11 @@ def _moe(moe: MoE, w: _Experts, x: Tensor) -> Tensor:
     n_tok, k = indices.shape
     num_experts = w.gate.shape[0]
     if n_tok * k < num_experts:
-        idx, order = indices.sort(dim=-1)  # (T, k) ascending experts
-        wk = weights.gather(1, order)  # (T, k)
+        if k <= 2:  # a sum of two terms is the same in either order (IEEE addition commutes)
+            idx, wk = indices, weights
+        else:  # a sort is an extern call of ~15 us a layer: only when the order matters
+            idx, order = indices.sort(dim=-1)  # (T, k) ascending experts
+            wk = weights.gather(1, order)  # (T, k)
         xs = flat[:, None, :, None]  # (T, 1, H, 1)
         a = F.silu((w.gate[idx] @ xs).squeeze(-1)) * (w.up[idx] @ xs).squeeze(-1)  # (T, k, I)
         y = (w.down[idx] @ a[..., None]).squeeze(-1)  # (T, k, H)

@@ -1,0 +1,93 @@
+"""Batch-1 decode roofline: weight bytes one token reads, single-thread read bandwidth, the floor.
+
+    /work/venv/bin/python bench/roofline.py                 # bundled mlaq-tiny, 1 thread
+    /work/venv/bin/python bench/roofline.py --model DIR --threads 2
+
+At batch 1 every weight a token uses is read once per token and reused by nothing else, so a decode
+step cannot be faster than (bytes of active weights) / (read bandwidth). Active weights of a
+DeepSeek-V3-style checkpoint: per layer MLA (q_a, q_b or q_proj, kv_a, kv_b = the absorbed W_UK /
+W_UV, o_proj, norms) plus the MLP (dense, or router + top-k routed + shared experts); then the final
+norm, one embedding row and lm_head. The KV cache a token reads (S * (L + R) values a layer) is
+printed too; it is small at these lengths. Bandwidth = the best of timed ``torch.sum`` over a buffer
+of the active weights' size (a GEMV at batch 1 streams its weight the same way), per dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def active_params(c: dict) -> dict[str, int]:
+    """Parameters one decode token reads, by part, from a DeepSeek-V2/V3 config.json."""
+    h, n = c["hidden_size"], c["num_attention_heads"]
+    p, r, v = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    lora, q_lora = c["kv_lora_rank"], c.get("q_lora_rank")
+    q = h * n * (p + r) if q_lora is None else h * q_lora + q_lora + q_lora * n * (p + r)
+    attn = q + h * (lora + r) + lora + lora * n * (p + v) + n * v * h + 2 * h  # + both layer norms
+    layers, dense = c["num_hidden_layers"], c.get("first_k_dense_replace", 0)
+    experts = c.get("n_routed_experts") or 0
+    moe_inter = c.get("moe_intermediate_size", 0)
+    routed = c.get("num_experts_per_tok", 0) * 3 * h * moe_inter
+    shared = (c.get("n_shared_experts") or 0) * 3 * h * moe_inter
+    moe = experts * h + experts + routed + shared  # router weight and score-correction bias
+    mlp_dense = 3 * h * c["intermediate_size"]
+    n_moe = layers - dense if experts else 0
+    return {
+        "attention (MLA)": layers * attn,
+        "dense MLP": (layers - n_moe) * mlp_dense,
+        "MoE (router + top-k + shared)": n_moe * moe,
+        "lm_head + norm + embedding row": c["vocab_size"] * h + 2 * h,
+    }
+
+
+def read_bandwidth(nbytes: int, dtype: torch.dtype, repeats: int = 20) -> float:
+    """Bytes per second of the best timed ``torch.sum`` over ``nbytes`` of ``dtype``."""
+    x = torch.ones(nbytes // torch.finfo(dtype).bits * 8, dtype=dtype)
+    x.sum()  # first touch
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * x.element_size() / best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=BUNDLED)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--context", type=int, default=64, help="cached tokens S for the KV-cache bytes")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    config = json.loads((args.model / "config.json").read_text())
+    parts = active_params(config)
+    total = sum(parts.values())
+    print(f"model: {args.model}, {args.threads} thread(s), torch {torch.__version__}\n")
+    for name, count in parts.items():
+        print(f"  {name:32s} {count / 1e6:7.3f} M params")
+    print(f"  {'active per decode token':32s} {total / 1e6:7.3f} M params")
+    kv = config["num_hidden_layers"] * args.context * (config["kv_lora_rank"] + config["qk_rope_head_dim"])
+    label = f"KV cache read (S = {args.context})"
+    print(f"  {label:32s} {kv / 1e6:7.3f} M values\n")
+    print("| dtype | weight MB / token | read GB/s (1 thread) | floor ms / token | ceiling tok/s |")
+    print("|---|---|---|---|---|")
+    for name, dtype in DTYPES.items():
+        nbytes = (total + kv) * torch.finfo(dtype).bits // 8
+        bandwidth = read_bandwidth(nbytes, dtype)
+        floor = nbytes / bandwidth
+        print(
+            f"| {name} | {nbytes / 1e6:.1f} | {bandwidth / 1e9:.1f} | {floor * 1e3:.3f} | {1 / floor:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
