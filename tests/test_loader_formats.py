@@ -129,3 +129,30 @@ def test_bf16_compute_rounds_dequantized_weights_once(tmp_path):
     assert state["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
     ids = torch.randint(0, hf.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(6))
     assert model.prefill(ids).logits.isfinite().all()
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "glm4_moe_lite"])
+def test_fp8_block_checkpoint_as_fnuz_target_is_converted_exactly(model_type, tmp_path):
+    """AMD gfx942: targets naming the stored scheme's _fnuz variant convert the checkpoint's e4m3fn codes
+    as vLLM's normalize_e4m3fn_to_e4m3fnuz does (exact), rather than re-quantizing from dequantized weights."""
+    hf, path = hf_checkpoint(model_type, tmp_path)
+    expected = quantize_checkpoint(path, "fp8")
+    targets = '{"targets": {"re:.*kv_b_proj": "fp8_per_block_fnuz"}}'
+    model = load_model(path, settings=OFF, quantization_config=targets)
+    decisions = model.bmm_decisions
+    assert [(d.scheme, d.rule.value) for d in decisions] == [("fp8_per_block_fnuz", "targets")] * len(
+        decisions
+    )
+    assert all(d.converts_to_fnuz and not d.requantized for d in decisions)
+    assert (
+        "converted exactly to e4m3fnuz" in decisions[0].reason
+        and "re-quantized online" not in decisions[0].reason
+    )
+    cfg = model.mla_config
+    for i in range(hf.config.num_hidden_layers):
+        kv_b = expected[f"model.layers.{i}.self_attn.kv_b_proj.weight"]
+        w_uk, w_uv = split_kv_b_proj(kv_b, cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim)
+        absorbed = model.model.layers[i].self_attn.absorbed
+        assert absorbed.w_uk.codes.dtype == torch.float8_e4m3fnuz
+        assert torch.equal(absorbed.w_uk.dequantize(), w_uk)
+        assert torch.equal(absorbed.w_uv.dequantize(), w_uv)

@@ -132,3 +132,19 @@ def test_config_claims_a_format_the_file_does_not_hold(tmp_path):
     edit_config(path, quantization_config=qc)
     with pytest.raises(ValueError, match=r"stored as mxfp8, but the safetensors file holds dense"):
         load_model(path, settings=OFF)
+
+
+def test_per_channel_checkpoint_as_fnuz_target_is_converted_exactly(tmp_path):
+    """_fnuz target on a per-channel e4m3fn checkpoint: W_UK as fp8_per_block_fnuz, both exact."""
+    _, path = hf_checkpoint("deepseek_v3", tmp_path)
+    quantize_checkpoint(path, "compressed-tensors", strategy="channel")
+    targets = '{"targets": {"re:.*kv_b_proj": "fp8_per_channel_fnuz"}}'
+    model = load_model(path, settings=OFF, quantization_config=targets)
+    d = model.bmm_decisions[0]
+    assert (d.scheme, d.scheme_uk, d.requantized) == ("fp8_per_channel_fnuz", "fp8_per_block_fnuz", False)
+    assert "converted exactly to e4m3fnuz" in d.reason and "W_UK runs as fp8_per_block_fnuz" in d.reason
+    cfg = model.mla_config
+    uk, uv = _file_kv_b(read_tensors(path), 0, cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim)
+    absorbed = model.model.layers[0].self_attn.absorbed
+    np.testing.assert_array_equal(absorbed.w_uk.dequantize(torch.float64).numpy(), uk)
+    np.testing.assert_array_equal(absorbed.w_uv.dequantize(torch.float64).numpy(), uv)

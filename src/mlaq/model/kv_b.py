@@ -1,5 +1,7 @@
 """Apply one policy decision to one MLA layer: build its absorbed BMM weights W_UK / W_UV^T.
 
+- A stored e4m3fn FP8 format run as its ``_fnuz`` scheme (targets, for AMD gfx942) is converted exactly
+  (vLLM's normalize_e4m3fn_to_e4m3fnuz: same bytes, 0x80 -> 0, scales doubled), never re-quantized.
 - Rule ``checkpoint`` with block FP8 storage: the checkpoint's own e4m3 codes and 128x128 scales run
   as ``fp8_per_block`` unchanged (split per head exactly, blocks that straddle heads included).
 - Per-tensor / per-channel FP8 storage (compressed-tensors, Quark) used as stored: the codes and scales
@@ -18,7 +20,7 @@ from typing import Any
 
 from mlaq.bmm import get_scheme
 from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8, split_kv_b_proj_fp8_scaled
-from mlaq.formats import MxElem, MxTensor
+from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
 from mlaq.model.mla import MLAttention
 from mlaq.model.mla_core import Precision
 from mlaq.model.weights import CheckpointWeight, WeightFormat
@@ -49,8 +51,10 @@ def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, p
         w_uk_t, w_uv_t = split_kv_b_proj(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
         w_uk, w_uv = scheme_uk.prepare(w_uk_t), scheme.prepare(w_uv_t)
     elif stored.format in _FP8_SPLIT:
-        # uses_checkpoint_data means scheme == the stored scheme, never an _fnuz variant: codes stay e4m3fn
-        (uk_codes, uk_scale), (uv_codes, uv_scale) = _FP8_SPLIT[stored.format](stored.fp8(), n, p, v)
+        fp8 = stored.fp8()
+        if decision.converts_to_fnuz:  # same bytes worth half in e4m3fnuz: doubled scales keep every value
+            fp8 = e4m3fn_to_e4m3fnuz(fp8)
+        (uk_codes, uk_scale), (uv_codes, uv_scale) = _FP8_SPLIT[stored.format](fp8, n, p, v)
         w_uk = scheme_uk.prepare_quantized(uk_codes, uk_scale)  # type: ignore[attr-defined]
         w_uv = scheme.prepare_quantized(uv_codes, uv_scale)  # type: ignore[attr-defined]
     elif stored.format is WeightFormat.MXFP4:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mlaq.policy.checkpoint import KvBStorage
-from mlaq.policy.stored import UNQUANTIZED
+from mlaq.policy.stored import UNQUANTIZED, fnuz_variant
 from mlaq.settings import Settings
 
 
@@ -17,15 +17,18 @@ def _fp16_note(source: str, scheme: str) -> str:
     return " (no fp16 scheme is registered; fp32 holds fp16 exactly)" if source != scheme == "fp32" else ""
 
 
-def _split_note(storage: KvBStorage) -> str:
+def _split_note(storage: KvBStorage, fnuz: bool = False) -> str:
     """Where W_UK cannot run the stored format under ``scheme`` (per-channel FP8), say what it runs as."""
     stored = storage.stored
     if stored.scheme_uk is None:
         return ""
+    uk, uv = stored.scheme_uk, stored.scheme
+    if fnuz:
+        uk, uv = fnuz_variant(uk) or uk, fnuz_variant(uv) or uv
     return (
-        f" (q absorption's W_UK runs as {stored.scheme_uk} on the same codes and scales: its per-channel "
+        f" (q absorption's W_UK runs as {uk} on the same codes and scales: its per-channel "
         f"scales lie along its reduction axis, which a per-channel kernel cannot scale; the V up-projection "
-        f"runs as {stored.scheme})"
+        f"runs as {uv})"
     )
 
 
@@ -38,6 +41,12 @@ def targets(pattern: str, scheme: str, storage: KvBStorage, method: str) -> str:
         return (
             f"{head}, the checkpoint's own format ({stored.detail}): stored codes and scales run "
             f"unchanged{_split_note(storage)}."
+        )
+    if stored.quantized and scheme == fnuz_variant(stored.scheme):
+        return (
+            f"{head}, the checkpoint's own format ({stored.detail}) converted exactly to e4m3fnuz for AMD "
+            f"gfx942 as vLLM's normalize_e4m3fn_to_e4m3fnuz does (same bytes, -0 to 0, scales doubled), not "
+            f"re-quantized{_split_note(storage, fnuz=True)}."
         )
     if scheme in UNQUANTIZED:
         if stored.quantized:

@@ -22,7 +22,7 @@ from typing import Any
 from mlaq.policy.checkpoint import CheckpointQuant
 from mlaq.policy.explicit import ExplicitConfig
 from mlaq.policy.model_config import MlaModel
-from mlaq.policy.stored import UNQUANTIZED, StoredFormat
+from mlaq.policy.stored import UNQUANTIZED, StoredFormat, fnuz_variant
 from mlaq.settings import Settings
 
 LOGGER_NAME = "mlaq.policy"
@@ -59,14 +59,25 @@ class LayerDecision:
 
     @property
     def uses_checkpoint_data(self) -> bool:
-        """True when the scheme runs on the checkpoint's own stored format (no online re-quantization)."""
-        return self.stored.quantized and self.scheme == self.stored.scheme
+        """True when the scheme runs on the checkpoint's own stored format (no online re-quantization):
+        the stored scheme itself, or for stored e4m3fn FP8 its ``_fnuz`` variant (:attr:`converts_to_fnuz`)."""
+        stored = self.stored.scheme
+        return self.stored.quantized and self.scheme in (stored, fnuz_variant(stored))
+
+    @property
+    def converts_to_fnuz(self) -> bool:
+        """Stored e4m3fn FP8 run as an e4m3fnuz scheme (AMD gfx942): converted exactly as vLLM's
+        normalize_e4m3fn_to_e4m3fnuz (same bytes, 0x80 -> 0, scales doubled), not re-quantized."""
+        return self.uses_checkpoint_data and self.scheme != self.stored.scheme
 
     @property
     def scheme_uk(self) -> str:
         """The scheme of W_UK (q absorption): ``scheme`` except where the stored scales vary along W_UK's
         reduction axis (per-channel FP8 used as stored), which only fp8_per_block runs exactly."""
-        return (self.stored.scheme_uk if self.uses_checkpoint_data else None) or self.scheme
+        stored_uk = self.stored.scheme_uk if self.uses_checkpoint_data else None
+        if stored_uk and self.converts_to_fnuz:
+            return fnuz_variant(stored_uk) or stored_uk
+        return stored_uk or self.scheme
 
     @property
     def requantized(self) -> bool:

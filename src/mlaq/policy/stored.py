@@ -58,6 +58,12 @@ class StoredFormat:
         return self.name != "unknown"
 
 
+def fnuz_variant(scheme: str | None) -> str | None:
+    """The e4m3fnuz (AMD gfx942) scheme that runs a stored e4m3fn FP8 scheme's data after an exact
+    conversion (vLLM's normalize_e4m3fn_to_e4m3fnuz), or None for a non-FP8 scheme."""
+    return f"{scheme}_fnuz" if scheme and scheme.startswith("fp8_") and not scheme.endswith("_fnuz") else None
+
+
 def unquantized(dtype: str) -> StoredFormat:
     return StoredFormat(dtype, f"unquantized {dtype}", dtype)
 
