@@ -1,4 +1,6 @@
-"""mlaq-tiny: a DeepSeek-V3 model (transformers' DeepseekV3ForCausalLM) plus one MTP layer.
+"""mlaq-tiny's config, and the model through transformers (DeepseekV3ForCausalLM + one MTP layer built from
+transformers' own decoder layer): the independent implementation scripts/tiny_eval.py evaluates with.
+Training uses scripts/tiny_lean.py, which computes the same function faster.
 
 The MTP layer follows DeepSeek-V3 (arXiv 2412.19437, section 2.2) and vLLM's DeepSeekMTP:
     h'_t = eh_proj(concat(enorm(embed(x_{t+1})), hnorm(h_t)))      # enorm(embedding) FIRST
@@ -150,11 +152,3 @@ def moe_gates(model: TinyWithMtp) -> list[nn.Module]:
     """Every MoE router (main MoE layers and the MTP layer), in layer order."""
     layers = [*model.lm.model.layers, model.mtp.layer]
     return [layer.mlp.gate for layer in layers if hasattr(layer.mlp, "gate")]
-
-
-def count_params(model: TinyWithMtp) -> dict[str, int]:
-    """Parameter counts: total, main model, MTP layer, embeddings + lm_head."""
-    main = sum(p.numel() for p in model.lm.parameters())
-    mtp = sum(p.numel() for p in model.mtp.parameters())
-    emb = model.lm.model.embed_tokens.weight.numel() + model.lm.lm_head.weight.numel()
-    return {"total": main + mtp, "main": main, "mtp": mtp, "embeddings_and_lm_head": emb}
