@@ -7,6 +7,7 @@ in fp32, with a random router correction bias so that group-limited routing is e
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -90,3 +91,26 @@ def test_balance_loss_is_minimal_when_balanced():
     assert float(moe.balance_loss(favour0, skew, 1)) > 1.5  # above the balanced value 1
     moe.eval()
     assert float(moe.balance_loss(favour0, skew, 1)) == 0.0  # only while training
+
+
+def test_training_script_smoke(tmp_path):
+    """scripts/train_tiny.py end to end on a toy corpus (eager, 3 steps): it exports a checkpoint that
+    mlaq loads, with the held-out file and the MTP layer, and never trains on the held-out module."""
+    from train_tiny import main
+
+    corpus = tmp_path / "corpus"
+    (corpus / "pkg").mkdir(parents=True)
+    for i in range(4):
+        (corpus / f"mod{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + 1\n" * 30)
+    (corpus / "pkg" / "__init__.py").write_text("class Held:\n    pass\n" * 20)
+    out = tmp_path / "out"
+    main(["--corpus", str(corpus), "--heldout", "pkg", "--out", str(out), "--run-dir", str(tmp_path / "run"),
+          "--vocab", "300", "--seq", "64", "--batch", "2", "--steps", "3", "--warmup", "1", "--tiny-geometry",
+          "--no-compile", "--threads", "1"])  # fmt: skip
+    assert (out / "heldout.txt").read_text().startswith("# file: pkg/__init__.py")
+    run = json.loads((tmp_path / "run" / "run_info.json").read_text())
+    assert run["train_files"] == 4 and run["heldout_files"] == ["pkg/__init__.py"] and run["steps_done"] == 3
+    from mlaq.model import load_model
+
+    model = load_model(out, dtype=torch.float32)
+    assert model.num_mtp_layers == 1
