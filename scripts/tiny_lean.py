@@ -58,15 +58,14 @@ class Attention(nn.Module):
         super().__init__()
         h, self.nh = c["hidden_size"], c["num_attention_heads"]
         self.nope, self.rope, self.v = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
-        self.lora, eps = c["kv_lora_rank"], c["rms_norm_eps"]
-        qk = self.nope + self.rope
+        self.lora, qk = c["kv_lora_rank"], self.nope + self.rope
+        # q_a / kv_a layernorm eps: transformers hard-codes 1e-6 (not rms_norm_eps) for these two
         self.q_a_proj, self.q_a_layernorm = lin(h, c["q_lora_rank"]), Norm(c["q_lora_rank"], 1e-6)
         self.q_b_proj = lin(c["q_lora_rank"], self.nh * qk)
         self.kv_a_proj_with_mqa, self.kv_a_layernorm = lin(h, self.lora + self.rope), Norm(self.lora, 1e-6)
         self.kv_b_proj = lin(self.lora, self.nh * (self.nope + self.v))
         self.o_proj = lin(self.nh * self.v, h)
-        self.scale = qk**-0.5
-        del eps
+        self.scale = qk**-0.5  # default RoPE: no YaRN mscale
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape  # x: (B, T, H)
