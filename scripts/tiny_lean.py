@@ -274,29 +274,27 @@ class LeanTiny(nn.Module):
         """Hugging Face DeepSeek-V3 names; routed experts split to experts.{e}.{gate,up,down}_proj.weight."""
         out: dict[str, torch.Tensor] = {}
         for name, t in self.state_dict().items():
-            for stacked, proj in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
-                if name.endswith(".mlp." + stacked):
-                    pre = name[: -len(stacked)]
-                    out.update({f"{pre}experts.{e}.{proj}.weight": t[e] for e in range(t.shape[0])})
-                    break
-            else:
-                out[name] = t
+            names = _checkpoint_names(name, t)
+            out.update(zip(names, t, strict=True) if names else {name: t})
         return out
 
     @torch.no_grad()
     def load_checkpoint_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """Inverse of checkpoint_tensors (strict: every tensor used, every parameter filled)."""
-        own = self.state_dict()
         left = dict(tensors)
-        for name, t in own.items():
-            for stacked, proj in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
-                if name.endswith(".mlp." + stacked):
-                    pre = name[: -len(stacked)]
-                    t.copy_(
-                        torch.stack([left.pop(f"{pre}experts.{e}.{proj}.weight") for e in range(t.shape[0])])
-                    )
-                    break
-            else:
-                t.copy_(left.pop(name))
+        for name, t in self.state_dict().items():
+            names = _checkpoint_names(name, t)
+            t.copy_(torch.stack([left.pop(n) for n in names]) if names else left.pop(name))
         if left:
             raise KeyError(f"checkpoint tensors not used by LeanTiny: {sorted(left)[:5]}")
+
+
+_STACKED = {"w_gate": "gate_proj", "w_up": "up_proj", "w_down": "down_proj"}
+
+
+def _checkpoint_names(name: str, t: torch.Tensor) -> list[str]:
+    """The per-expert checkpoint names of a stacked expert tensor (E, ., .), in expert order; [] otherwise."""
+    prefix, _, last = name.rpartition(".")
+    if last not in _STACKED or not prefix.endswith(".mlp"):
+        return []
+    return [f"{prefix}.experts.{e}.{_STACKED[last]}.weight" for e in range(t.shape[0])]

@@ -149,15 +149,18 @@ class BlockManager:
 
     def slots_of(self, spans: Sequence[tuple[Hashable, int, int]]) -> Tensor:
         """Slots of several (seq_id, start, end) spans, concatenated: (sum of end - start,) int64."""
-        return torch.tensor([slot for span in spans for slot in self._slots(*span)], dtype=torch.int64)
+        return torch.tensor(self._slot_list(spans), dtype=torch.int64)
 
     def slot_index(self, spans: Sequence[tuple[Hashable, int, int]]) -> Tensor | slice:
         """``slots_of(spans)`` as a cache write indexes with: a slice when the slots are consecutive
         (a decode row, or tokens within one block), else the (sum of end - start,) int64 tensor."""
-        slots = [slot for span in spans for slot in self._slots(*span)]
+        slots = self._slot_list(spans)
         if slots and slots == list(range(slots[0], slots[0] + len(slots))):
             return slice(slots[0], slots[0] + len(slots))
         return torch.tensor(slots, dtype=torch.int64)
+
+    def _slot_list(self, spans: Sequence[tuple[Hashable, int, int]]) -> list[int]:
+        return [slot for span in spans for slot in self._slots(*span)]
 
     def _slots(self, seq_id: Hashable, start: int, end: int) -> list[int]:
         if not 0 <= start <= end <= self.num_tokens(seq_id):

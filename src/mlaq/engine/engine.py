@@ -183,7 +183,7 @@ class LLMEngine:
         # logprobs come from _emit (raw logits, per request that asks): none needed from the sampler
         chosen = sample(logits, params, [r.seq.generator for r in reqs], logprobs=False).token_ids.tolist()
         for row, r in enumerate(reqs):
-            self._emit(r, [chosen[row]], logits[row : row + 1] if r.seq.params.logprobs is not None else None)
+            self._emit(r, [chosen[row]], logits[row : row + 1])
 
     def _speculate(self, reqs: list[Request]) -> None:
         drafts = self._propose(reqs)
@@ -247,13 +247,10 @@ class LLMEngine:
             logits, h = out.logits[:, 0], out.hidden[:, 0]
         return drafts
 
-    def _emit(self, r: Request, tokens: list[int], rows: Tensor | None) -> None:
-        """Append tokens (each predicted by the matching row of raw logits; None when the request
-        wants no logprobs) until a stop condition."""
+    def _emit(self, r: Request, tokens: list[int], rows: Tensor) -> None:
+        """Append tokens (each predicted by the matching row of raw logits) until a stop condition."""
         s, p = r.seq, r.seq.params
-        logprobs = None
-        if p.logprobs is not None and rows is not None:
-            logprobs = torch.log_softmax(rows.float(), dim=-1)  # raw
+        logprobs = torch.log_softmax(rows.float(), dim=-1) if p.logprobs is not None else None  # raw
         for i, token in enumerate(tokens):
             lp = 0.0
             if logprobs is not None:
