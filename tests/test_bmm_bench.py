@@ -6,8 +6,8 @@ import json
 
 import torch
 
-from mlaq.bench_bmm import GEOMETRIES, Geometry, decode_step, format_tables
 from mlaq.bmm import get_scheme
+from mlaq.bmm.bench import GEOMETRIES, Geometry, decode_step, format_tables
 
 
 def test_cli_json_and_table(mlaq_cli):

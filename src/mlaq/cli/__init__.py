@@ -15,10 +15,10 @@ from mlaq import __version__
 
 # name -> (module, one-line help). Modules are imported lazily.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "bench-bmm": ("mlaq.bench_bmm", "time every BMM scheme and an absorbed decode step"),
-    "explain": ("mlaq.explain", "show which BMM scheme each MLA layer's kv_b_proj gets, and why"),
-    "validate": ("mlaq.validate.cli", "measure what re-quantizing MLA's absorbed BMMs costs against bf16"),
-    "generate": ("mlaq.generate_cli", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
+    "bench-bmm": ("mlaq.cli.bench_bmm", "time every BMM scheme and an absorbed decode step"),
+    "explain": ("mlaq.cli.explain", "show which BMM scheme each MLA layer's kv_b_proj gets, and why"),
+    "validate": ("mlaq.cli.validate", "measure what re-quantizing MLA's absorbed BMMs costs against bf16"),
+    "generate": ("mlaq.cli.generate", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
 }
 
 

@@ -1,4 +1,4 @@
-"""``mlaq bench-bmm`` — time every BMM scheme and one absorbed MLA decode step, next to memcpy bandwidth.
+"""Time every BMM scheme and one absorbed MLA decode step, next to memcpy bandwidth.
 
 What is timed is mlaq's exact CPU EMULATION of each scheme (prepare = load-time quantization, apply =
 both absorbed BMMs), not a GPU kernel: it says what the emulation costs, and, through bytes/time
@@ -9,9 +9,7 @@ bf16 activations, the bf16 latent cache), not what the emulation touches.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import os
 import platform
 import statistics
@@ -33,6 +31,18 @@ SCHEMES = (
 
 
 @dataclass(frozen=True)
+class BenchConfig:
+    schemes: tuple[str, ...]
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    reps: int
+    max_cache_gib: float
+    step_scheme: str
+    copy_mib: int
+    threads: int  # torch intra-op threads; 0 = torch's default
+
+
+@dataclass(frozen=True)
 class Geometry:
     """The absorbed-attention sizes of one model family (DeepSeek-V3 config names)."""
 
@@ -45,75 +55,6 @@ class Geometry:
 
 
 GEOMETRIES = (Geometry("DeepSeek-V3", 128, 512, 128, 64, 128), Geometry("GLM-5", 64, 512, 192, 64, 256))
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    schemes: tuple[str, ...]
-    batches: tuple[int, ...]
-    contexts: tuple[int, ...]
-    reps: int
-    max_cache_gib: float
-    step_scheme: str
-    copy_mib: int
-    threads: int  # torch intra-op threads; 0 = torch's default
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="fewer batches, contexts and repeats (< 1 min)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    parser.add_argument("--schemes", help=f"comma-separated scheme names (default: {','.join(SCHEMES)})")
-    parser.add_argument("--batches", help="comma-separated decode batch sizes (default 1,8,64)")
-    parser.add_argument("--contexts", help="comma-separated context lengths (default 1024,8192,32768)")
-    parser.add_argument("--reps", type=int, help="timed repeats per measurement, median reported")
-    parser.add_argument(
-        "--step-scheme", default="bf16", help="scheme of the decode step's BMMs (default bf16)"
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (default 1: stable numbers on a shared machine; 0 = torch's default)",
-    )
-    parser.add_argument(
-        "--max-cache-gib", type=float, default=3.0, help="skip decode steps whose latent cache is larger"
-    )
-
-
-def _ints(text: str | None, default: tuple[int, ...], what: str) -> tuple[int, ...]:
-    if text is None:
-        return default
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"--{what} takes comma-separated positive integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"--{what} takes comma-separated positive integers, got {text!r}")
-    return values
-
-
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    from mlaq.bmm import scheme_names
-
-    schemes = tuple(args.schemes.split(",")) if args.schemes else SCHEMES
-    for name in (*schemes, args.step_scheme):
-        if name not in scheme_names():
-            raise ValueError(f"unknown BMM scheme {name!r}; known schemes: {', '.join(scheme_names())}")
-    if args.reps is not None and args.reps < 1:
-        raise ValueError(f"--reps must be >= 1, got {args.reps}")
-    if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
-    quick = args.quick
-    return BenchConfig(
-        schemes=schemes,
-        batches=_ints(args.batches, (1, 8, 64), "batches"),
-        contexts=_ints(args.contexts, (1024, 8192) if quick else (1024, 8192, 32768), "contexts"),
-        reps=args.reps or (1 if quick else 5),
-        max_cache_gib=args.max_cache_gib,
-        step_scheme=args.step_scheme,
-        copy_mib=64 if quick else 256,
-        threads=args.threads,
-    )
 
 
 def _median_s(fn: Callable[[], object], reps: int, warmup: bool = True) -> float:
@@ -302,10 +243,3 @@ def format_tables(result: dict[str, Any]) -> str:
             f"{r['gbps'] / copy:>11.0%}"
         )
     return "\n".join(out)
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    result = run_bench(cfg)
-    print(json.dumps(result, indent=1) if args.json else format_tables(result))
-    return 0
