@@ -1,0 +1,188 @@
+"""Corpus and long-context training tasks for mlaq-tiny-4k.
+
+Natural text comes from two kinds of source, each with a held-out part never trained on:
+- code: this Python's standard library (.py), minus the held-out modules of tiny_data.HELDOUT
+  (held-out text: their source, `heldout.txt`, as for mlaq-tiny);
+- prose: the Linux kernel's Documentation (Debian package `linux-doc`, reStructuredText);
+  held-out prose is a different source altogether, the Python tutorial and FAQ (Debian package
+  `python3.11-doc`, `heldout-prose.txt`), so evaluation haystacks are text of a kind and an author
+  the model never saw.
+
+Training windows mix that natural text with procedurally generated retrieval tasks embedded in it
+(`make_window`): key -> value facts queried later (needle / many keys), long repeated segments (copy),
+and chains of assignments (variable tracking). Keys and values are fresh random strings per window, so a
+model can only answer from its context. Everything is deterministic given the numpy Generator passed in.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tiny_data import HELDOUT, document, split_corpus, stdlib_dir
+from tokenizers import Tokenizer
+
+KERNEL_DOCS = Path("/usr/share/doc/linux-doc/Documentation")
+PY_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
+HELDOUT_PROSE_DIRS = ("tutorial", "faq")  # of PY_DOCS
+
+
+def code_texts() -> tuple[list[str], str]:
+    """(training documents, held-out text) from the standard library source."""
+    root = stdlib_dir()
+    train, held = split_corpus(root, ".py", HELDOUT, tests=True)
+    return [document(root, p) for p in train], "".join(document(root, p) for p in held)
+
+
+def prose_texts(max_bytes: int) -> list[str]:
+    """Kernel documentation files (sorted, deterministic), up to max_bytes in all."""
+    if not KERNEL_DOCS.is_dir():
+        raise SystemExit(f"{KERNEL_DOCS} not found: `apt-get install linux-doc` (the prose corpus)")
+    out, total = [], 0
+    for p in sorted(KERNEL_DOCS.rglob("*.rst.gz")):
+        text = gzip.decompress(p.read_bytes()).decode("utf-8", errors="replace")
+        out.append(f"{text}\n")
+        total += len(out[-1])
+        if total >= max_bytes:
+            break
+    return out
+
+
+def heldout_prose() -> str:
+    """The Python tutorial and FAQ sources: English prose with examples, never trained on."""
+    if not PY_DOCS.is_dir():
+        raise SystemExit(f"{PY_DOCS} not found: `apt-get install python3.11-doc` (held-out prose)")
+    files = sorted(p for d in HELDOUT_PROSE_DIRS for p in (PY_DOCS / d).rglob("*.rst.txt"))
+    return "".join(p.read_text(encoding="utf-8", errors="replace") + "\n" for p in files)
+
+
+# ---------------------------------------------------------------- random keys and values
+_CONS, _VOW = "bcdfghjklmnprstvwz", "aeiou"
+
+
+def word(rng: np.random.Generator, syllables: int) -> str:
+    return "".join(_CONS[rng.integers(len(_CONS))] + _VOW[rng.integers(len(_VOW))] for _ in range(syllables))
+
+
+def random_key(rng: np.random.Generator) -> str:
+    """An identifier no corpus contains: 2-3 pseudo-words, sometimes with digits."""
+    parts = [word(rng, int(rng.integers(1, 4))) for _ in range(int(rng.integers(2, 4)))]
+    if rng.random() < 0.3:
+        parts.append(str(int(rng.integers(10, 1000))))
+    return "_".join(parts)
+
+
+def random_value(rng: np.random.Generator) -> str:
+    if rng.random() < 0.7:
+        return str(int(rng.integers(10 ** int(rng.integers(2, 6)), 10 ** 7)))
+    return word(rng, int(rng.integers(2, 5)))
+
+
+# A fact template and its query: the query is the fact cut just before the value.
+FORMS = (
+    ("{k} = {v}", "{k} = "),
+    ("    '{k}': {v},", "    '{k}': "),
+    ('{k}: "{v}"', '{k}: "'),
+    ("The value of {k} is {v}.", "The value of {k} is "),
+    ("set {k} to {v}", "set {k} to "),
+    ("{k} -> {v}", "{k} -> "),
+)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Share of windows of each kind (the rest is plain natural text)."""
+
+    kv: float = 0.35
+    copy: float = 0.2
+    vartrack: float = 0.1
+
+
+def _splice(hay: list[int], inserts: list[tuple[int, list[int]]]) -> list[int]:
+    """Insert token lists at haystack positions (positions in the original haystack)."""
+    out, last = [], 0
+    for pos, toks in sorted(inserts, key=lambda x: x[0]):
+        out.extend(hay[last:pos])
+        out.extend(toks)
+        last = pos
+    out.extend(hay[last:])
+    return out
+
+
+def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> list[int]:
+    """n + 1 tokens: facts spread through the haystack, queries at the end (needle when one fact)."""
+    enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+    pairs = int(rng.integers(1, max(2, min(64, n // 40)) + 1))
+    form = FORMS[rng.integers(len(FORMS))]
+    keys = list(dict.fromkeys(random_key(rng) for _ in range(pairs)))
+    vals = [random_value(rng) for _ in keys]
+    facts = [enc("\n" + form[0].format(k=k, v=v) + "\n") for k, v in zip(keys, vals, strict=True)]
+    nq = int(rng.integers(1, min(len(keys), 12) + 1))
+    qform = form if rng.random() < 0.7 else FORMS[rng.integers(len(FORMS))]
+    order = rng.permutation(len(keys))[:nq]
+    queries: list[int] = enc("\n")
+    for i in order:
+        line = qform[0].format(k=keys[i], v=vals[i]) + "\n"
+        cut = len(qform[1].format(k=keys[i]))
+        # half the queries tokenized as one line, half as prompt + answer (how an evaluator may split them)
+        queries += enc(line) if rng.random() < 0.5 else enc(line[:cut]) + enc(line[cut:])
+    budget = n + 1 - len(queries) - sum(len(f) for f in facts)
+    if budget < 16:  # too many facts for this length: fall back to plain text
+        return hay[: n + 1]
+    body = hay[:budget]
+    pos = np.sort(rng.integers(0, budget + 1, size=len(facts)))
+    return (_splice(body, list(zip(pos.tolist(), facts, strict=True))) + queries)[: n + 1]
+
+
+def copy_window(hay: list[int], n: int, rng: np.random.Generator) -> list[int]:
+    """A segment of the haystack appears again later, verbatim (what induction heads learn)."""
+    seg = int(rng.integers(32, max(33, n // 3)))
+    start = int(rng.integers(0, max(1, n - 2 * seg)))
+    at = int(rng.integers(start + seg, max(start + seg + 1, n + 1 - seg)))
+    return (hay[:at] + hay[start : start + seg] + hay[at:])[: n + 1]
+
+
+def vartrack_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> list[int]:
+    """Chains `a = 123` ... `b = a` ... `c = b` spread through the text; `assert c == 123` at the end."""
+    enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+    inserts, queries, used = [], enc("\n"), 0
+    for _ in range(int(rng.integers(1, 4))):
+        names = [random_key(rng) for _ in range(int(rng.integers(2, 6)))]
+        value = str(int(rng.integers(100, 10**6)))
+        lines = [f"{names[0]} = {value}"] + [f"{b} = {a}" for a, b in zip(names, names[1:])]
+        toks = [enc("\n" + line + "\n") for line in lines]
+        inserts.append(toks)
+        used += sum(len(t) for t in toks)
+        line = f"assert {names[-1]} == {value}\n"
+        cut = len(line) - len(value) - 1
+        queries += enc(line) if rng.random() < 0.5 else enc(line[:cut]) + enc(line[cut:])
+    budget = n + 1 - len(queries) - used
+    if budget < 16:
+        return hay[: n + 1]
+    body, placed = hay[:budget], []
+    for toks in inserts:  # each chain in order, at increasing positions
+        pos = np.sort(rng.integers(0, budget + 1, size=len(toks)))
+        placed += list(zip(pos.tolist(), toks, strict=True))
+    return (_splice(body, placed) + queries)[: n + 1]
+
+
+def make_window(
+    streams: list[np.ndarray], n: int, tok: Tokenizer, rng: np.random.Generator, mix: Mix
+) -> np.ndarray:
+    """n + 1 token ids: natural text from one source (chosen uniformly), maybe with a task in it."""
+    stream = streams[int(rng.integers(len(streams)))]
+    s = int(rng.integers(0, stream.size - n - 1))
+    hay = stream[s : s + n + 1].tolist()
+    u = rng.random()
+    if u < mix.kv:
+        out = kv_window(hay, n, tok, rng)
+    elif u < mix.kv + mix.copy:
+        out = copy_window(hay, n, rng)
+    elif u < mix.kv + mix.copy + mix.vartrack:
+        out = vartrack_window(hay, n, tok, rng)
+    else:
+        out = hay
+    assert len(out) == n + 1, (len(out), n)
+    return np.asarray(out, dtype=np.int64)
