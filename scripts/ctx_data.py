@@ -80,15 +80,27 @@ def random_value(rng: np.random.Generator) -> str:
     return word(rng, int(rng.integers(2, 5)))
 
 
-# A fact template and its query: the query is the fact cut just before the value.
+# Fact families: a fact template and the ways it is queried later. A query is its template cut just
+# before "{v}" (the model must complete the value); {d} is a random container name per window.
 FORMS = (
-    ("{k} = {v}", "{k} = "),
-    ("    '{k}': {v},", "    '{k}': "),
-    ('{k}: "{v}"', '{k}: "'),
-    ("The value of {k} is {v}.", "The value of {k} is "),
-    ("set {k} to {v}", "set {k} to "),
-    ("{k} -> {v}", "{k} -> "),
+    ("{k} = {v}", ("{k} = {v}", "assert {k} == {v}", "print({k})  # {v}")),
+    ('{d}["{k}"] = {v}', ('{d}["{k}"] = {v}', 'assert {d}["{k}"] == {v}', '{d}.get("{k}")  # {v}')),
+    ("    '{k}': {v},", ("    '{k}': {v},", "assert {d}['{k}'] == {v}")),
+    ('{k}: "{v}"', ('{k}: "{v}"',)),
+    ("The value of {k} is {v}.", ("The value of {k} is {v}.", "So {k} is {v}.")),
+    ("set {k} to {v}", ("set {k} to {v}",)),
+    ("{k} -> {v}", ("{k} -> {v}",)),
 )
+
+
+def split_query(template: str, rng: np.random.Generator, enc, **kw: str) -> list[int]:
+    """A query line's ids: half tokenized as one line, half as prompt + answer (the value onwards),
+    the two ways an evaluator may split it."""
+    text = template.format(**kw) + "\n"
+    cut = len(template[: template.index("{v}")].format(**kw))
+    if rng.random() < 0.5:
+        return enc(text)
+    return enc(text[:cut]) + enc(text[cut:])
 
 
 @dataclass(frozen=True)
@@ -115,19 +127,16 @@ def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) 
     """n + 1 tokens: facts spread through the haystack, queries at the end (needle when one fact)."""
     enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     pairs = int(rng.integers(1, max(2, min(64, n // 40)) + 1))
-    form = FORMS[rng.integers(len(FORMS))]
+    fact_t, query_ts = FORMS[rng.integers(len(FORMS))]
+    d = word(rng, int(rng.integers(1, 4)))
     keys = list(dict.fromkeys(random_key(rng) for _ in range(pairs)))
     vals = [random_value(rng) for _ in keys]
-    facts = [enc("\n" + form[0].format(k=k, v=v) + "\n") for k, v in zip(keys, vals, strict=True)]
+    facts = [enc("\n" + fact_t.format(k=k, v=v, d=d) + "\n") for k, v in zip(keys, vals, strict=True)]
     nq = int(rng.integers(1, min(len(keys), 12) + 1))
-    qform = form if rng.random() < 0.7 else FORMS[rng.integers(len(FORMS))]
-    order = rng.permutation(len(keys))[:nq]
     queries: list[int] = enc("\n")
-    for i in order:
-        line = qform[0].format(k=keys[i], v=vals[i]) + "\n"
-        cut = len(qform[1].format(k=keys[i]))
-        # half the queries tokenized as one line, half as prompt + answer (how an evaluator may split them)
-        queries += enc(line) if rng.random() < 0.5 else enc(line[:cut]) + enc(line[cut:])
+    for i in rng.permutation(len(keys))[:nq]:
+        qt = query_ts[rng.integers(len(query_ts))]
+        queries += split_query(qt, rng, enc, k=keys[i], v=vals[i], d=d)
     budget = n + 1 - len(queries) - sum(len(f) for f in facts)
     if budget < 16:  # too many facts for this length: fall back to plain text
         return hay[: n + 1]
@@ -136,12 +145,27 @@ def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) 
     return (_splice(body, list(zip(pos.tolist(), facts, strict=True))) + queries)[: n + 1]
 
 
-def copy_window(hay: list[int], n: int, rng: np.random.Generator) -> list[int]:
-    """A segment of the haystack appears again later, verbatim (what induction heads learn)."""
-    seg = int(rng.integers(32, max(33, n // 3)))
-    start = int(rng.integers(0, max(1, n - 2 * seg)))
-    at = int(rng.integers(start + seg, max(start + seg + 1, n + 1 - seg)))
-    return (hay[:at] + hay[start : start + seg] + hay[at:])[: n + 1]
+def copy_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> list[int]:
+    """A segment appears again later, verbatim (what induction heads learn): half the time a span of the
+    haystack repeated, half the time a quoted string of random words assigned early and asserted last."""
+    if rng.random() < 0.5:
+        seg = int(rng.integers(32, max(33, n // 3)))
+        start = int(rng.integers(0, max(1, n - 2 * seg)))
+        at = int(rng.integers(start + seg, max(start + seg + 1, n + 1 - seg)))
+        return (hay[:at] + hay[start : start + seg] + hay[at:])[: n + 1]
+    enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+    name, target = random_key(rng), int(rng.integers(24, max(25, n // 3)))
+    words: list[str] = []
+    while len(enc(" ".join(words))) < target:
+        words += [word(rng, int(rng.integers(1, 4))) for _ in range(8)]
+    text = " ".join(words)
+    fact = enc(f'\n{name} = "{text}"\n')
+    query = split_query('assert {k} == "{v}"', rng, enc, k=name, v=text)
+    budget = n + 1 - len(fact) - len(query) - 1
+    if budget < 16:
+        return hay[: n + 1]
+    at = int(rng.integers(0, budget // 2 + 1))
+    return hay[:at] + fact + hay[at:budget] + enc("\n") + query  # n + 1 tokens by construction
 
 
 def vartrack_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> list[int]:
@@ -179,7 +203,7 @@ def make_window(
     if u < mix.kv:
         out = kv_window(hay, n, tok, rng)
     elif u < mix.kv + mix.copy:
-        out = copy_window(hay, n, rng)
+        out = copy_window(hay, n, tok, rng)
     elif u < mix.kv + mix.copy + mix.vartrack:
         out = vartrack_window(hay, n, tok, rng)
     else:
