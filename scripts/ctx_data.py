@@ -36,13 +36,18 @@ def code_texts() -> tuple[list[str], str]:
     return [document(root, p) for p in train], "".join(document(root, p) for p in held)
 
 
-def prose_texts(max_bytes: int) -> list[str]:
-    """Kernel documentation files (sorted, deterministic), up to max_bytes in all."""
-    if not KERNEL_DOCS.is_dir():
-        raise SystemExit(f"{KERNEL_DOCS} not found: `apt-get install linux-doc` (the prose corpus)")
+def _read(p: Path) -> str:
+    data = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+    return data.decode("utf-8", errors="replace")
+
+
+def prose_texts(max_bytes: int, root: Path = KERNEL_DOCS) -> list[str]:
+    """Documentation files (*.rst.gz or *.rst, sorted: deterministic), up to max_bytes in all."""
+    if not root.is_dir():
+        raise SystemExit(f"{root} not found: `apt-get install linux-doc` (the prose corpus)")
     out, total = [], 0
-    for p in sorted(KERNEL_DOCS.rglob("*.rst.gz")):
-        text = gzip.decompress(p.read_bytes()).decode("utf-8", errors="replace")
+    for p in sorted([*root.rglob("*.rst.gz"), *root.rglob("*.rst")]):
+        text = _read(p)
         out.append(f"{text}\n")
         total += len(out[-1])
         if total >= max_bytes:
@@ -50,11 +55,11 @@ def prose_texts(max_bytes: int) -> list[str]:
     return out
 
 
-def heldout_prose() -> str:
+def heldout_prose(root: Path = PY_DOCS) -> str:
     """The Python tutorial and FAQ sources: English prose with examples, never trained on."""
-    if not PY_DOCS.is_dir():
-        raise SystemExit(f"{PY_DOCS} not found: `apt-get install python3.11-doc` (held-out prose)")
-    files = sorted(p for d in HELDOUT_PROSE_DIRS for p in (PY_DOCS / d).rglob("*.rst.txt"))
+    if not root.is_dir():
+        raise SystemExit(f"{root} not found: `apt-get install python3.11-doc` (held-out prose)")
+    files = sorted(p for d in HELDOUT_PROSE_DIRS for p in (root / d).rglob("*.rst.txt"))
     return "".join(p.read_text(encoding="utf-8", errors="replace") + "\n" for p in files)
 
 
@@ -76,7 +81,7 @@ def random_key(rng: np.random.Generator) -> str:
 
 def random_value(rng: np.random.Generator) -> str:
     if rng.random() < 0.7:
-        return str(int(rng.integers(10 ** int(rng.integers(2, 6)), 10 ** 7)))
+        return str(int(rng.integers(10 ** int(rng.integers(2, 6)), 10**7)))
     return word(rng, int(rng.integers(2, 5)))
 
 

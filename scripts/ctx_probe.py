@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from ctx_data import FORMS, heldout_prose, random_key, random_value
+from safetensors import safe_open
 from tiny_lean import LeanTiny
+from tiny_model import build_config
 from tokenizers import Tokenizer
 from train_ctx import CACHE, GEOMETRY, code_texts
-from safetensors import safe_open
-from tiny_model import build_config
 
 
 def load(state: Path, tok: Tokenizer) -> LeanTiny:
@@ -110,7 +110,9 @@ def main() -> None:
         for name, stream in held.items():
             row[f"needle_{name}"] = retrieval(model, tok, stream, n, 1, a.n, rng)
             row[f"kv16_{name}"] = retrieval(model, tok, stream, n, 16, a.n, rng)
-            row[f"copy_{name}"] = round(copy_acc(model, stream, n, min(256, n // 4), max(2, a.n // 4), rng), 3)
+            row[f"copy_{name}"] = round(
+                copy_acc(model, stream, n, min(256, n // 4), max(2, a.n // 4), rng), 3
+            )
         print(n, json.dumps(row))
 
 

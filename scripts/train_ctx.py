@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ctx_data import Mix, code_texts, heldout_prose, make_window, prose_texts
+from ctx_data import KERNEL_DOCS, PY_DOCS, Mix, code_texts, heldout_prose, make_window, prose_texts
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tiny_data import SPECIAL, encode_stream, tokenizer_config, train_tokenizer
@@ -53,11 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", default="512x8:3000000,1024x4:1400000,2048x2:900000,4096x1:500000")
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--decay-tokens", type=int, default=400000, help="last N tokens decay LR linearly to 10 %%")
+    p.add_argument(
+        "--decay-tokens", type=int, default=400000, help="last N tokens decay LR linearly to 10 %%"
+    )
     p.add_argument("--mtp-weight", type=float, default=0.3)
     p.add_argument("--bias-speed", type=float, default=1e-2)
     p.add_argument("--balance-alpha", type=float, default=0.01)
     p.add_argument("--prose-mb", type=float, default=30.0, help="MB of kernel docs to train on")
+    p.add_argument("--prose-dir", type=Path, default=KERNEL_DOCS, help="training prose (*.rst[.gz])")
+    p.add_argument("--heldout-prose-dir", type=Path, default=PY_DOCS, help="has tutorial/ and faq/ *.rst.txt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="1: one core to itself beats two contended ones")
     p.add_argument("--save-every-min", type=float, default=5.0)
@@ -95,8 +99,8 @@ def corpus(a: argparse.Namespace, run_dir: Path) -> tuple[Tokenizer, list[np.nda
     code, held_code = code_texts()
     if a.smoke:
         code, held_code = code[:40], held_code[:20000]
-    prose = prose_texts(int((0.3 if a.smoke else a.prose_mb) * 2**20))
-    held_prose = heldout_prose()
+    prose = prose_texts(int((0.3 if a.smoke else a.prose_mb) * 2**20), a.prose_dir)
+    held_prose = heldout_prose(a.heldout_prose_dir)
     if not (cdir / "tokenizer.json").exists():
         cdir.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(a.seed)  # tokenizer from a sample of both kinds

@@ -1,0 +1,193 @@
+"""Write mlaq-tiny-4k's model card (README.md) from its config, training record and held-out figures.
+
+    python scripts/tiny4k_card.py --eval build/tiny4k-eval.json [--model DIR] [--peak-gflops X]
+
+Training speed is given as tokens/s and as MFU: model FLOPs per token (6 x active matmul parameters,
+plus causal attention at each phase's length) x tokens/s over the matmul FLOP/s this machine reaches
+on one thread (measured here with --measure-peak, or given with --peak-gflops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def active_matmul_params(c: dict) -> int:
+    """Parameters one token multiplies through in training: main layers, MTP layer, both LM heads."""
+    h, nh = c["hidden_size"], c["num_attention_heads"]
+    qk, v, lora, rope = (
+        c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
+        c["v_head_dim"],
+        c["kv_lora_rank"],
+        c["qk_rope_head_dim"],
+    )
+    attn = h * c["q_lora_rank"] + c["q_lora_rank"] * nh * qk + h * (lora + rope)
+    attn += lora * nh * (c["qk_nope_head_dim"] + v) + nh * v * h
+    dense = 3 * h * c["intermediate_size"]
+    moe = 3 * h * c["moe_intermediate_size"] * (c["num_experts_per_tok"] + c["n_shared_experts"])
+    moe += h * c["n_routed_experts"]
+    n, k = c["num_hidden_layers"], c["first_k_dense_replace"]
+    main = n * attn + k * dense + (n - k) * moe
+    mtp = attn + moe + 2 * h * h
+    return main + mtp + 2 * h * c["vocab_size"]
+
+
+def attention_flops(c: dict, seq: int) -> float:
+    """Training FLOPs per token of causal attention (QK^T and PV, fwd + bwd = 3x fwd), 5 MLA layers."""
+    nh, qk, v = c["num_attention_heads"], c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["v_head_dim"]
+    layers = c["num_hidden_layers"] + c.get("num_nextn_predict_layers", 1)
+    return 3 * layers * 2 * nh * (qk + v) * seq / 2
+
+
+def measure_peak(dtype: torch.dtype, n: int = 1024, reps: int = 10) -> float:
+    torch.set_num_threads(1)
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
+def phase_rows(meta: dict, c: dict, peak: float) -> list[str]:
+    hist = meta["history"]
+    rows = []
+    for seq in sorted({r["seq"] for r in hist}):
+        pts = [r for r in hist if r["seq"] == seq]
+        if len(pts) < 2:
+            continue
+        toks = pts[-1]["tokens"] - pts[0]["tokens"]
+        secs = (pts[-1]["min"] - pts[0]["min"]) * 60
+        tps = toks / secs
+        flops = 6 * active_matmul_params(c) + attention_flops(c, seq)
+        rows.append(f"| {seq} | {tps:,.0f} | {flops / 1e6:.1f} | {tps * flops / 1e9 / peak:.0%} |")
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
+    p.add_argument("--eval", type=Path, required=True, help="scripts/tiny4k_eval.py's JSON")
+    p.add_argument("--peak-gflops", type=float, default=0.0, help="bf16 matmul GFLOP/s of one thread")
+    p.add_argument("--cpu", default="AMD EPYC (Zen 4), 2 vCPUs")
+    a = p.parse_args()
+    c = json.loads((a.model / "config.json").read_text())
+    meta = json.loads((a.model / "training.json").read_text())
+    ev = json.loads(a.eval.read_text())
+    peak = a.peak_gflops or measure_peak(torch.bfloat16)
+    with safe_open(str(a.model / "model.safetensors"), "pt") as f:
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
+    size_mib = (a.model / "model.safetensors").stat().st_size / 2**20
+    hours = meta["train_seconds"] / 3600
+    lines = [
+        "# mlaq-tiny-4k",
+        "",
+        "mlaq's bundled model: a small DeepSeek-V3 (`model_type: deepseek_v3`) with DeepSeek-V3's real per-head",
+        "MLA latent geometry and a 4,096-token context it actually uses, trained from scratch on CPU by",
+        "`scripts/train_ctx.py`. It exists so that `mlaq validate` can show what re-quantizing the absorbed",
+        "BMMs does to long-context retrieval on a model that retrieves; it is not a general-purpose LM.",
+        "",
+        "## Architecture",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| MLA | {c['num_attention_heads']} heads, kv_lora_rank {c['kv_lora_rank']}, q_lora_rank {c['q_lora_rank']}, "
+        f"qk_nope {c['qk_nope_head_dim']}, qk_rope {c['qk_rope_head_dim']}, v {c['v_head_dim']} (DeepSeek-V3's; "
+        f"kv_lora_rank + rope = {c['kv_lora_rank'] + c['qk_rope_head_dim']}, what vLLM's MLA backends need) |",
+        f"| layers | {c['num_hidden_layers']} (first {c['first_k_dense_replace']} dense) + "
+        f"{c['num_nextn_predict_layers']} MTP layer, hidden {c['hidden_size']} |",
+        f"| MoE | {c['n_routed_experts']} routed experts (top-{c['num_experts_per_tok']}, sigmoid, noaux_tc, "
+        f"{c['n_group']} groups / top-{c['topk_group']}) + {c['n_shared_experts']} shared, intermediate "
+        f"{c['moe_intermediate_size']} |",
+        f"| context | {c['max_position_embeddings']} tokens, RoPE theta "
+        f"{c.get('rope_parameters', {}).get('rope_theta', 10000):g}, interleaved, no YaRN (trained at 4,096 directly) |",
+        f"| vocabulary | {c['vocab_size']} (byte-level BPE on code + prose), untied embeddings |",
+        f"| size | {params / 1e6:.1f} M parameters, {size_mib:.1f} MiB in bf16 |",
+        "",
+        "## Data",
+        "",
+        f"- Code: this Python's standard library source including its test suite, minus the held-out modules "
+        f"(csv, html, http, json, textwrap, tomllib and their tests): {meta['info']['train_tokens']['code']:,} tokens.",
+        f"- Prose: the Linux kernel's Documentation (Debian `linux-doc`), first 30 MB in path order: "
+        f"{meta['info']['train_tokens']['prose']:,} tokens.",
+        "- Windows take natural text from one source (uniformly) and, 65 % of the time, embed a retrieval task in",
+        "  it (`scripts/ctx_data.py`): 1-64 key -> value facts in one of 7 surface forms (code assignment, dict",
+        "  entry, YAML, prose ...) queried at the end in 1-3 forms each (35 %); a segment repeated verbatim or a",
+        "  quoted string of random words asserted later (20 %); assignment chains ending in an `assert` (10 %).",
+        "  Keys and values are fresh random pseudo-words and numbers in every window.",
+        "- Held out, never trained on: `heldout.txt` (source of the held-out stdlib modules) and",
+        "  `heldout-prose.txt` (the Python tutorial and FAQ from Debian `python3.11-doc`: prose of another",
+        "  source and author). The evaluation tasks use their own templates (mlaq.validate.tasks).",
+        "",
+        "## Training",
+        "",
+        f"Curriculum `{meta['phases']}` (sequence x batch: tokens), {meta['tokens']:,} tokens in "
+        f"{meta['step']:,} steps; AdamW (0.9, 0.95), lr 1.5e-3 after 100 warm-up steps, linear decay to 10 % over",
+        "the last 400 K tokens; MTP loss weight 0.3; DeepSeek-V3's auxiliary-loss-free routing bias plus a",
+        "sequence-wise balance loss (0.01). bf16 autocast, fp32 master weights, torch.compile, one thread.",
+        "",
+        f"Wall time {hours * 60:.0f} min = {hours:.2f} CPU-hours (one core) on {meta.get('cpu_name', a.cpu)}, "
+        "sharing the machine with other work (the trainer ran under SCHED_RR on one core).",
+        f"Throughput and MFU against {peak:.0f} GFLOP/s (bf16 1024^3 matmul, one thread, measured by this script):",
+        "",
+        "| sequence | tokens/s | MFLOP/token | MFU |",
+        "|---|---|---|---|",
+        *phase_rows(meta, c, peak),
+        "",
+        "Replay (any Linux with Python 3.11; the data come from Debian packages):",
+        "```bash",
+        "apt-get install linux-doc python3.11-doc",
+        "chrt -r 10 .venv/bin/python scripts/train_ctx.py        # resumable: run again after an interruption",
+        "```",
+        "State is saved every 5 minutes under ~/.cache/mlaq-train/tiny4k-v1 and, at each phase boundary, to",
+        "scripts/state/mlaq-tiny-4k.safetensors (bf16 weights + AdamW moments), from which a fresh clone resumes.",
+        "",
+        "## Held-out figures (bf16, mlaq's engine)",
+        "",
+        f"`python scripts/tiny4k_eval.py --samples {ev['samples']}` ({ev['seconds']:.0f} s). Loss (nats/token) by position",
+        "on plain held-out text, windows of the full context:",
+        "",
+    ]
+    for kind in ("code", "prose"):
+        lp = ev[kind]["loss_by_position"]
+        if kind == "code":
+            lines += ["| haystack | " + " | ".join(lp) + " |", "|---" * (len(lp) + 1) + "|"]
+        lines.append(
+            f"| {kind} ({ev[kind]['haystack']}) | " + " | ".join(f"{v:.3f}" for v in lp.values()) + " |"
+        )
+    lines += ["", "Task suite (accuracy, Wilson 95 % interval, n samples per cell):", ""]
+    lens = [str(n) for n in ev["lengths"]]
+    lines += ["| haystack | task | " + " | ".join(lens) + " |", "|---|---" + "|---" * len(lens) + "|"]
+    for kind in ("code", "prose"):
+        for task, per in ev[kind]["tasks"].items():
+            cells = []
+            for n in lens:
+                e = per[n]
+                cell = f"{e['accuracy']:.0%} [{e['ci'][0]:.0%}, {e['ci'][1]:.0%}] n={e['n']}"
+                if task == "copy":
+                    cell += f", tokens {e['token_accuracy']:.1%}"
+                cells.append(cell)
+            name = {"multikey": "multikey (16 pairs)", "copy": "copy (256 tokens)"}.get(task, task)
+            lines.append(f"| {kind} | {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Needle accuracy by depth at the longest length:", ""]
+    top = lens[-1]
+    depths = list(ev["code"]["tasks"]["needle"][top]["by_depth"])
+    lines += ["| haystack | " + " | ".join(depths) + " |", "|---" * (len(depths) + 1) + "|"]
+    for kind in ("code", "prose"):
+        bd = ev[kind]["tasks"]["needle"][top]["by_depth"]
+        lines.append(f"| {kind} | " + " | ".join(f"{bd[d]:.0%}" for d in depths) + " |")
+    (a.model / "README.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {a.model / 'README.md'}")
+
+
+if __name__ == "__main__":
+    main()
