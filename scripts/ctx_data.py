@@ -17,6 +17,7 @@ model can only answer from its context. Everything is deterministic given the nu
 from __future__ import annotations
 
 import gzip
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,7 +181,7 @@ def vartrack_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Gener
     for _ in range(int(rng.integers(1, 4))):
         names = [random_key(rng) for _ in range(int(rng.integers(2, 6)))]
         value = str(int(rng.integers(100, 10**6)))
-        lines = [f"{names[0]} = {value}"] + [f"{b} = {a}" for a, b in zip(names, names[1:])]
+        lines = [f"{names[0]} = {value}"] + [f"{b} = {a}" for a, b in itertools.pairwise(names)]
         toks = [enc("\n" + line + "\n") for line in lines]
         inserts.append(toks)
         used += sum(len(t) for t in toks)

@@ -16,6 +16,7 @@ Prints one JSON object (also written to --out).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -46,7 +47,7 @@ def loss_by_position(model, tokens: list[int], ctx: int, windows: int) -> dict[s
         lp = torch.log_softmax(logits, -1)[0]
         nll.append(-lp.gather(1, ids[0, 1:, None])[:, 0].numpy())
     mean = np.mean(nll, axis=0)
-    return {f"{a}-{b}": round(float(mean[a:b].mean()), 4) for a, b in zip(EDGES, EDGES[1:]) if a < ctx}
+    return {f"{a}-{b}": round(float(mean[a:b].mean()), 4) for a, b in itertools.pairwise(EDGES) if a < ctx}
 
 
 def tasks(model, hay: Haystack, encode, lengths, samples: int, seed: int) -> dict:
