@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", action="store_true", help="print one JSON object on stdout instead of the table"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    from mlaq.cli import validate_server
+
+    validate_server.add_arguments(parser)
 
 
 def _schemes(values: list[str] | None, as_configured: bool) -> tuple[str, ...]:
@@ -124,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
     from mlaq.validate.runner import run_validation
     from mlaq.validate.summary import print_summary
 
+    if getattr(args, "server", None):
+        from mlaq.cli import validate_server
+
+        return validate_server.run(args)
+    for flag in ("reference", "against", "record"):
+        if getattr(args, flag, None):
+            raise ValueError(f"--{flag} needs --server URL")
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0, got {args.threads}")
     config = config_from_args(args)

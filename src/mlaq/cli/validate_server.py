@@ -1,0 +1,104 @@
+"""The ``--server`` options of ``mlaq validate``: measure a live deployment instead of the local engine.
+
+``mlaq validate --server URL [--reference URL | --against FILE] [--record FILE] ...`` — the sizes
+(--windows, --context-len, --prompts, ...) and --out / --json are shared with local validate.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# local validate's options that mean nothing for a server (the server's own flags decide)
+_LOCAL_ONLY = {
+    "model": "MODEL",
+    "schemes": "--schemes",
+    "as_configured": "--as-configured",
+    "quantization_config": "--quantization-config",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("live server (validate a deployment: vLLM, SGLang, mlaq serve)")
+    g.add_argument("--server", metavar="URL", help="the candidate server, e.g. http://127.0.0.1:8000")
+    g.add_argument("--reference", metavar="URL", help="the reference server (e.g. the same model, flags off)")
+    g.add_argument("--against", metavar="FILE", help="a reference recorded earlier with --record")
+    g.add_argument(
+        "--record", metavar="FILE", help="save --server's run as a reference (.safetensors or .json)"
+    )
+    g.add_argument(
+        "--model", dest="served_model", metavar="NAME", help="served model name (default: the first)"
+    )
+    g.add_argument("--reference-model", metavar="NAME", help="served model name on --reference")
+    g.add_argument("--api-key", metavar="KEY", help="Bearer key of the servers (vllm serve --api-key)")
+    g.add_argument(
+        "--reference-api-key", metavar="KEY", help="Bearer key of --reference (default: --api-key)"
+    )
+    g.add_argument("--tokenizer", metavar="PATH", help="local tokenizer (checkpoint dir or tokenizer.json)")
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        default=20,
+        metavar="K",
+        help="top-k logprobs per position (default 20; -1: all)",
+    )
+    g.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (default 4)")
+    g.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S", help="seconds per request (default 600)"
+    )
+    g.add_argument(
+        "--retries", type=int, default=3, metavar="N", help="retries of a failed request (default 3)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from mlaq.validate.progress import make_progress
+    from mlaq.validate.server import ClientConfig, ServerValidateConfig, run_server_validation
+    from mlaq.validate.server.report_md import summary_lines, write_server_report
+
+    for dest, flag in _LOCAL_ONLY.items():
+        if getattr(args, dest, None) not in (None, False):
+            raise ValueError(f"{flag} is for local validation; with --server the server's own flags decide")
+    if args.reference_model and not args.reference:
+        raise ValueError("--reference-model needs --reference URL")
+
+    def client(url: str, key: str | None) -> ClientConfig:
+        return ClientConfig(url, api_key=key, timeout=args.timeout, retries=args.retries)
+
+    cfg = ServerValidateConfig(
+        server=client(args.server, args.api_key),
+        reference=client(args.reference, args.reference_api_key or args.api_key) if args.reference else None,
+        against=Path(args.against) if args.against else None,
+        record=Path(args.record) if args.record else None,
+        model=args.served_model,
+        reference_model=args.reference_model,
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        eval_text=Path(args.eval_text) if args.eval_text else None,
+        context_len=args.context_len,
+        windows=args.windows,
+        buckets=args.buckets,
+        prompts=args.prompts,
+        prompt_len=args.prompt_len,
+        max_tokens=args.max_tokens,
+        logprobs=args.logprobs,
+        concurrency=args.concurrency,
+        ngram=args.ngram,
+        seed=args.seed,
+    )
+    if args.out:  # check --out before measuring: a bad path must not cost the run
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a directory")
+    report = run_server_validation(cfg, make_progress(not args.no_progress))
+    if args.json:
+        import json
+
+        sys.stdout.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    else:
+        print("\n".join(summary_lines(report)))
+    if args.out:
+        paths = write_server_report(report, args.out)
+        print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return 0

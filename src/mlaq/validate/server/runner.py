@@ -1,0 +1,295 @@
+"""``run_server_validation``: measure a live server against a reference server or a recorded reference.
+
+Order of work: probe both servers (identity, capabilities); tokenize the evaluation text and choose
+windows and prompts exactly as local validate does (same seed -> same windows and prompts, given the
+same tokens); teacher-force every window on both sides; greedy-generate every prompt on both sides,
+reading MTP acceptance per request or from /metrics deltas around our own requests. A measurement the
+server cannot support is reported as an error in the report while the others still run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mlaq.validate.progress import NullProgress, Progress
+from mlaq.validate.server.client import Unsupported
+from mlaq.validate.server.config import ServerValidateConfig
+from mlaq.validate.server.protocol import Greedy, TeacherForced
+from mlaq.validate.server.record import Recording, load_recording, save_recording
+from mlaq.validate.server.results import assemble
+from mlaq.validate.server.spec import counter_delta, per_request_stats, total
+from mlaq.validate.server.target import ServerTarget
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass
+class Side:
+    """Everything measured on one side (a live server, or a recording)."""
+
+    identity: dict[str, Any]
+    windows: list[TeacherForced] | None = None
+    generations: list[Greedy] | None = None
+    acceptance: Any = None  # SpecDecodingStats | None
+    acceptance_source: str | None = None  # "per_request" | "metrics" | "recording"
+    seconds: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Inputs:
+    windows: list[list[int]]
+    prompts: list[list[int]]
+    context_len: int
+    max_tokens: int
+    eval_text: dict[str, Any]
+
+
+def _pmap(fn: Callable[[T], R], items: Sequence[T], n: int, progress: Progress, label: str) -> list[R]:
+    """``fn`` over ``items`` with ``n`` requests in flight; progress advances as results arrive."""
+    out: list[R] = []
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        futures = [ex.submit(fn, x) for x in items]
+        try:
+            for i, f in enumerate(futures):
+                out.append(f.result())
+                progress.step(f"{label} {i + 1}/{len(items)}")
+        except BaseException:
+            ex.shutdown(cancel_futures=True)
+            raise
+    return out
+
+
+def run_server_validation(cfg: ServerValidateConfig, progress: Progress | None = None) -> dict[str, Any]:
+    progress = progress or NullProgress()
+    t0 = time.perf_counter()
+    cand = ServerTarget(cfg.server, model=cfg.model, tokenizer=cfg.tokenizer)
+    ref = (
+        ServerTarget(cfg.reference, model=cfg.reference_model, tokenizer=cfg.tokenizer)
+        if cfg.reference
+        else None
+    )
+    recorded = load_recording(cfg.against) if cfg.against else None
+    try:
+        ident = cand.probe()
+        ref_ident = ref.probe() if ref else None
+        inputs = _inputs(cfg, cand, ref_ident.max_model_len if ref_ident else None, recorded)
+        targets = [(cand, Side(ident.to_json()))]
+        if ref is not None and ref_ident is not None:
+            targets.append((ref, Side(ref_ident.to_json())))
+        sides = len(targets)
+        progress.begin((len(inputs.windows) + len(inputs.prompts)) * sides)
+        ok = False
+        try:
+            for target, side in targets:
+                _teacher_forced(cfg, target, side, inputs, progress)
+            for target, side in targets:
+                _generate(cfg, target, side, inputs, progress)
+            ok = True
+        finally:
+            progress.end(ok)
+        for target, side in targets:
+            if target.identity is not None:  # teacher_forcing mode is known only after the first window
+                side.identity = target.identity.to_json()
+    finally:
+        cand.close()
+        if ref is not None:
+            ref.close()
+    candidate = targets[0][1]
+    reference = targets[1][1] if len(targets) > 1 else _recorded_side(recorded) if recorded else None
+    if cfg.record is not None:
+        _record(cfg, candidate, inputs)
+    return assemble(cfg, inputs, candidate, reference, {"total": time.perf_counter() - t0})
+
+
+def _inputs(
+    cfg: ServerValidateConfig, cand: ServerTarget, ref_max_len: int | None, rec: Recording | None
+) -> Inputs:
+    limits = [m for m in (cand.identity.max_model_len if cand.identity else None, ref_max_len) if m]
+    max_len = min(limits) if limits else None
+    if rec is not None:
+        c = rec.header["config"]
+        windows = [list(w.tokens) for w in rec.windows]
+        need = max([len(w) + 1 for w in windows] + [len(p) + c["max_tokens"] for p in rec.prompts])
+        if max_len is not None and need > max_len:
+            raise ValueError(
+                f"--against's windows need {need} tokens; the server's max_model_len is {max_len}"
+            )
+        prompts = [list(p) for p in rec.prompts]
+        return Inputs(windows, prompts, c["context_len"], c["max_tokens"], rec.header["eval_text"])
+    from mlaq.validate.config import bundled_model_dir, default_eval_text
+    from mlaq.validate.text import load_eval_text
+
+    context = cfg.resolve_context(max_len)
+    if max_len is not None and cfg.prompt_len + cfg.max_tokens > max_len:
+        raise ValueError(
+            f"--prompt-len {cfg.prompt_len} + --max-tokens {cfg.max_tokens} exceed the server's "
+            f"max_model_len {max_len}; shorten them"
+        )
+    path = cfg.eval_text or default_eval_text(bundled_model_dir())
+    data = load_eval_text(
+        path,
+        _Tokenizing(cand, cfg.tokenizer),
+        context_len=context,
+        windows=cfg.windows,
+        prompts=cfg.prompts,
+        prompt_len=cfg.prompt_len,
+        seed=cfg.seed,
+    )
+    return Inputs(
+        [list(w[0].tolist()) for w in data.windows()],
+        data.prompts(),
+        context,
+        cfg.max_tokens,
+        {
+            "path": str(path),
+            "sha256": data.sha256,
+            "bytes": data.num_bytes,
+            "tokens": len(data.tokens),
+            "window_starts": list(data.window_starts),
+            "prompt_starts": list(data.prompt_starts),
+        },
+    )
+
+
+class _Tokenizing:
+    """``encode`` for load_eval_text: the local --tokenizer when given (exact, as local validate), else
+    the server's /tokenize over line-aligned chunks (a long text in one request may exceed the
+    server's limits)."""
+
+    CHUNK = 8192  # characters
+
+    def __init__(self, target: ServerTarget, local: Path | None) -> None:
+        self.target, self.local = target, local
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if self.local is not None:
+            from mlaq.engine.tokenizer import Tokenizer
+
+            p = self.local
+            return Tokenizer.from_dir(p.parent if p.name == "tokenizer.json" else p).encode(text, False)
+        chunks, start = [], 0
+        while start < len(text):
+            end = text.find("\n", start + self.CHUNK)
+            end = len(text) if end < 0 else end + 1
+            chunks.append(text[start:end])
+            start = end
+        with ThreadPoolExecutor(max_workers=4) as ex:
+            parts = list(ex.map(self.target.tokenize, chunks))
+        return [t for part in parts for t in part]
+
+
+def _teacher_forced(
+    cfg: ServerValidateConfig, target: ServerTarget, side: Side, inputs: Inputs, progress: Progress
+) -> None:
+    start = time.perf_counter()
+    try:
+        target.probe_teacher_forcing(cfg.logprobs)
+        side.windows = _pmap(
+            lambda w: target.teacher_forced(w, cfg.logprobs),
+            inputs.windows,
+            cfg.concurrency,
+            progress,
+            f"{target.model}: teacher-forced window",
+        )
+    except Unsupported as exc:
+        side.errors["teacher_forced"] = str(exc)
+        for _ in inputs.windows:
+            progress.step(f"{target.model}: teacher forcing unsupported")
+    side.seconds["teacher_forced"] = time.perf_counter() - start
+
+
+def _generate(
+    cfg: ServerValidateConfig, target: ServerTarget, side: Side, inputs: Inputs, progress: Progress
+) -> None:
+    start = time.perf_counter()
+    ident = target.identity
+    before = target.scrape() if ident is not None and ident.metrics else None
+    side.generations = _pmap(
+        lambda p: target.greedy(p, inputs.max_tokens),
+        inputs.prompts,
+        cfg.concurrency,
+        progress,
+        f"{target.model}: greedy generation",
+    )
+    after = target.scrape() if before is not None else None
+    side.seconds["generation"] = time.perf_counter() - start
+    if any(g.ids_from_text for g in side.generations):
+        side.warnings.append(
+            "the server returned no token ids for completions: ids were recovered by tokenizing the text "
+            "(first-divergence figures are approximate)"
+        )
+    per_request = total(per_request_stats(g.spec) for g in side.generations)
+    if per_request is not None:
+        side.acceptance, side.acceptance_source = per_request, "per_request"
+        return
+    if before is None or after is None:
+        side.errors["acceptance"] = "no /metrics endpoint and no per-request metrics: MTP acceptance unknown"
+        return
+    delta = counter_delta(before, after, len(inputs.prompts))
+    if delta.warning:
+        side.warnings.append(delta.warning)
+    if delta.stats is None or delta.stats.num_drafts == 0:
+        side.errors["acceptance"] = (
+            "the server reports no speculative decoding (no vllm:spec_decode_* counters moved): "
+            "no MTP acceptance figures"
+        )
+        return
+    side.acceptance, side.acceptance_source = delta.stats, "metrics"
+
+
+def _recorded_side(rec: Recording) -> Side:
+    from mlaq.engine.spec_metrics import SpecDecodingStats
+
+    acc = rec.header.get("acceptance")
+    stats = None
+    if acc:
+        stats = SpecDecodingStats(
+            acc["num_drafts"], acc["num_draft_tokens"], acc["num_accepted_tokens"], tuple(acc["per_pos"])
+        )
+    side = Side({**rec.header["identity"], "recording": True})
+    side.windows = list(rec.windows) or None
+    side.generations = [Greedy(g, None) for g in rec.generations]
+    side.acceptance, side.acceptance_source = stats, "recording" if stats else None
+    return side
+
+
+def _record(cfg: ServerValidateConfig, side: Side, inputs: Inputs) -> None:
+    if side.windows is None or side.generations is None:
+        raise ValueError(f"--record {cfg.record}: nothing to record ({side.errors})")
+    s = side.acceptance
+    acc = None
+    if s is not None:
+        acc = {
+            "num_drafts": s.num_drafts,
+            "num_draft_tokens": s.num_draft_tokens,
+            "num_accepted_tokens": s.num_accepted_tokens,
+            "per_pos": list(s.num_accepted_tokens_per_pos),
+        }
+    header = {
+        "identity": side.identity,
+        "config": {
+            "context_len": inputs.context_len,
+            "max_tokens": inputs.max_tokens,
+            "logprobs": cfg.logprobs,
+        },
+        "eval_text": inputs.eval_text,
+        "acceptance": acc,
+    }
+    assert cfg.record is not None
+    save_recording(
+        cfg.record,
+        Recording(
+            header,
+            tuple(side.windows),
+            tuple(map(tuple, inputs.prompts)),
+            tuple(g.tokens for g in side.generations),
+        ),
+    )
