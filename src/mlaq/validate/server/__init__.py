@@ -1,5 +1,5 @@
 """``mlaq validate --server URL``: measure a live OpenAI-compatible deployment (vLLM, SGLang, mlaq serve)
-against a reference server or a recorded reference. Needs httpx (the ``server`` extra)."""
+against a reference server or a recorded reference. Needs httpx (the ``remote`` extra)."""
 
 from mlaq.validate.server.client import ClientConfig, ServerError, Unsupported
 from mlaq.validate.server.config import ServerValidateConfig

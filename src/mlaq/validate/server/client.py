@@ -75,7 +75,7 @@ class HttpClient:
         try:
             import httpx
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ValueError("mlaq validate --server needs httpx: pip install 'mlaq[server]'") from exc
+            raise ValueError("mlaq validate --server needs httpx: pip install 'mlaq[remote]'") from exc
         self.config = config
         self._httpx = httpx
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
