@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlaq.validate.server import ClientConfig, ServerError, ServerValidateConfig, run_server_validation
+from mlaq.validate.server import ClientConfig, ServerError, ServerValidateConfig
+from mlaq.validate.sources.server import run_server_validation
 from server_fakes import VOCAB, Behaviour, FakeServer, logprobs
 
 TEXT = "".join(f"line {i}: value = {i * 7 % 13} + {i % 5}\n" for i in range(200))
@@ -38,6 +39,16 @@ def _cfg(url: str, text: Path, **kw: object) -> ServerValidateConfig:
     return ServerValidateConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
+def _cand(r: dict) -> dict:
+    """The one candidate's figures."""
+    (v,) = r["schemes"].values()
+    return v
+
+
+def _srv(r: dict, side: str = "candidate") -> dict:
+    return r["model"]["servers"][side]
+
+
 def _exact_kl(windows: list[list[int]], noise: float) -> float:
     """Independent oracle: the exact mean KL(ref || cand) of the toy model over the same positions."""
     kls = []
@@ -51,18 +62,18 @@ def _exact_kl(windows: list[list[int]], noise: float) -> float:
 def test_identical_servers_give_zero_kl_and_identical_tokens(text: Path) -> None:
     with FakeServer() as a, FakeServer() as b:
         r = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0)))
-    c = r["candidate"]
+    c = _cand(r)
     assert c["kl"] == 0.0 and c["top1_agreement"] == 1.0 and c["nll_delta"] == 0.0
     assert c["generation"]["identical_generations"] == 3
     assert c["kld_stats"]["all"]["kld"]["max"] == 0.0
-    assert r["servers"]["candidate"]["teacher_forcing"] == "prompt_logprobs"
+    assert _srv(r)["teacher_forcing"] == "prompt_logprobs" and r["source"] == "server"
 
 
 def test_full_distribution_gives_the_exact_kl(text: Path) -> None:
     cand, ref = Behaviour(noise=1.0, max_logprobs=-1), Behaviour(max_logprobs=-1)
     with FakeServer(cand) as a, FakeServer(ref) as b:
         r = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0), logprobs=-1))
-    c = r["candidate"]
+    c = _cand(r)
     assert c["kl_estimator"]["exact"] and c["kl_estimator"]["mass_outside_max"] < 1e-6
     windows = _windows(text)
     assert c["kl"] == pytest.approx(_exact_kl(windows, 1.0), rel=1e-9)
@@ -83,7 +94,7 @@ def _windows(text: Path) -> list[list[int]]:
 def test_topk_estimate_is_a_lower_bound_with_its_mass(text: Path) -> None:
     with FakeServer(Behaviour(noise=1.0)) as a, FakeServer() as b:
         r = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0), logprobs=3))
-    c = r["candidate"]
+    c = _cand(r)
     exact = _exact_kl(_windows(text), 1.0)
     assert 0 < c["kl"] <= exact
     assert not c["kl_estimator"]["exact"] and c["kl_estimator"]["mass_outside_mean"] > 0
@@ -96,9 +107,9 @@ def test_echo_path_gives_the_same_figures_as_prompt_logprobs(text: Path) -> None
     echo = (Behaviour(noise=0.5, prompt_logprobs=False), Behaviour(prompt_logprobs=False))
     with FakeServer(echo[0]) as a, FakeServer(echo[1]) as b:
         r2 = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0), logprobs=5))
-    assert r2["servers"]["candidate"]["teacher_forcing"] == "echo"
+    assert _srv(r2)["teacher_forcing"] == "echo"
     for key in ("kl", "top1_agreement", "nll_delta"):
-        assert r1["candidate"][key] == pytest.approx(r2["candidate"][key], rel=1e-12)
+        assert _cand(r1)[key] == pytest.approx(_cand(r2)[key], rel=1e-12)
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".json"])
@@ -106,26 +117,26 @@ def test_recorded_reference_matches_the_live_one(text: Path, tmp_path: Path, suf
     rec = tmp_path / f"ref{suffix}"
     with FakeServer(Behaviour(spec_k=3, per_request=True)) as b:
         own = run_server_validation(_cfg(b, text, record=rec))
-    assert rec.is_file() and own["reference"] is None
+    assert rec.is_file() and own["schemes"] == {} and own["reference"]["mean_acceptance_length"] is not None
     with FakeServer(Behaviour(noise=0.7)) as a, FakeServer(Behaviour(spec_k=3, per_request=True)) as b:
         live = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0)))
     with FakeServer(Behaviour(noise=0.7)) as a:
         later = run_server_validation(_cfg(a, text, against=rec))
     for key in ("kl", "top1_agreement", "nll_delta"):
-        assert later["candidate"][key] == pytest.approx(live["candidate"][key], rel=1e-12)
-    assert later["candidate"]["generation"] == {
-        **live["candidate"]["generation"],
-        "seconds": later["candidate"]["generation"]["seconds"],
-    }
+        assert _cand(later)[key] == pytest.approx(_cand(live)[key], rel=1e-12)
+    gen = _cand(later)["generation"]
+    assert gen == {**_cand(live)["generation"], "seconds": gen["seconds"]}
     assert later["reference"]["mean_acceptance_length"] == live["reference"]["mean_acceptance_length"]
 
 
 def test_acceptance_per_request_and_from_metrics_agree(text: Path) -> None:
     with FakeServer(Behaviour(spec_k=3, per_request=True)) as a:
-        per_req = run_server_validation(_cfg(a, text))["candidate"]
+        r1 = run_server_validation(_cfg(a, text))
     with FakeServer(Behaviour(spec_k=3)) as a:
-        scraped = run_server_validation(_cfg(a, text))["candidate"]
-    assert per_req["acceptance_source"] == "per_request" and scraped["acceptance_source"] == "metrics"
+        r2 = run_server_validation(_cfg(a, text))
+    per_req, scraped = r1["reference"], r2["reference"]  # a server alone is its report's reference
+    assert _srv(r1)["acceptance_source"] == "per_request" and _srv(r2)["acceptance_source"] == "metrics"
+    assert r1["config"]["num_speculative_tokens"] == 3
     for key in ("num_drafts", "num_accepted_tokens", "num_accepted_tokens_per_pos", "mean_acceptance_length"):
         assert per_req[key] == scraped[key]
     # 12 tokens per prompt in steps accepting 2, 0, 1 drafts: 3 + 1 + 2 = 6 tokens per 3 steps -> 6 steps
@@ -135,24 +146,24 @@ def test_acceptance_per_request_and_from_metrics_agree(text: Path) -> None:
 
 def test_other_traffic_on_the_counters_is_a_warning(text: Path) -> None:
     with FakeServer(Behaviour(spec_k=2, extra_requests=1)) as a:
-        c = run_server_validation(_cfg(a, text))["candidate"]
-    assert any("other traffic" in w for w in c["warnings"])
+        r = run_server_validation(_cfg(a, text))
+    assert any("other traffic" in w for w in _srv(r)["warnings"])
 
 
 def test_no_logprobs_is_one_clear_error_and_generation_still_runs(text: Path) -> None:
     b = Behaviour(prompt_logprobs=False, echo_logprobs=False)
     with FakeServer(b) as a, FakeServer(Behaviour(prompt_logprobs=False, echo_logprobs=False)) as ref:
         r = run_server_validation(_cfg(a, text, reference=ClientConfig(ref, retries=0)))
-    err = r["candidate"]["errors"]["teacher_forced"]
+    err = _srv(r)["errors"]["teacher_forced"]
     assert err.startswith("server does not return prompt logprobs: echo with logprobs")
-    assert r["candidate"]["generation"]["identical_generations"] == 3
+    assert _cand(r)["generation"]["identical_generations"] == 3 and "kl" not in _cand(r)
 
 
 def test_text_keyed_logprobs_are_refused_clearly(text: Path) -> None:
     b = Behaviour(prompt_logprobs=False, text_keys=True)
     with FakeServer(b) as a:
         r = run_server_validation(_cfg(a, text, record=None))
-    assert "by token text" in r["candidate"]["errors"]["teacher_forced"]
+    assert "by token text" in _srv(r)["errors"]["teacher_forced"]
 
 
 def test_dead_url(text: Path) -> None:
@@ -228,10 +239,11 @@ def test_cli_json_and_report(text: Path, tmp_path: Path, capsys: pytest.CaptureF
         ]
         assert main([*argv, "--json", "--no-progress", "--out", str(out)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["source"] == "server" and report["servers"]["reference"]["url"] == b
-    assert math.isfinite(report["candidate"]["kl"])
+    assert report["source"] == "server" and _srv(report, "reference")["url"] == b
+    assert math.isfinite(_cand(report)["kl"])
     md = (out / "report.md").read_text()
-    assert "Mean    KLD:" in md and "Same top p:" in md and "By context position" in md
+    assert "Mean    KLD:" in md and "Same top p:" in md and "KL(reference ‖ scheme) by position" in md
+    assert (out / "error_vs_position.png").is_file()
 
 
 @pytest.mark.parametrize(

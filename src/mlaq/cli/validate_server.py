@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from mlaq.validate.progress import make_progress
-    from mlaq.validate.server import ClientConfig, ServerValidateConfig, run_server_validation
-    from mlaq.validate.server.report_md import summary_lines, write_server_report
+    from mlaq.validate.report import report_json, write_report
+    from mlaq.validate.server import ClientConfig, ServerValidateConfig
+    from mlaq.validate.sources.server import run_server_validation
+    from mlaq.validate.summary import print_summary
 
     for dest, flag in _LOCAL_ONLY.items():
         if getattr(args, dest, None) not in (None, False):
@@ -93,12 +95,35 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--out {out} exists and is not a directory")
     report = run_server_validation(cfg, make_progress(not args.no_progress))
     if args.json:
-        import json
-
-        sys.stdout.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        sys.stdout.write(report_json(report))
     else:
-        print("\n".join(summary_lines(report)))
+        print_summary(report)
+        print("\n".join(_details(report)))
     if args.out:
-        paths = write_server_report(report, args.out)
+        paths = write_report(report, args.out)
         print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0
+
+
+def _details(report: dict) -> list[str]:
+    """llama.cpp's KL list of each candidate, and what a server could not measure."""
+    from mlaq.validate.kld import format_kld_statistics
+
+    lines = []
+    for name, v in report["schemes"].items():
+        stats = (v.get("kld_stats") or {}).get("all")
+        if stats:
+            lines += ["", f"====== {name}: KL divergence statistics (llama.cpp's list) ======"]
+            lines += format_kld_statistics(stats)
+            est = v.get("kl_estimator") or {}
+            if not est.get("exact", True):
+                lines.append(
+                    f"(top-{report['config']['logprobs']} estimate, a lower bound: reference mass outside the "
+                    f"shared top-k set mean {est['mass_outside_mean']:.1e}, max {est['mass_outside_max']:.1e})"
+                )
+    for side, s in (report["model"].get("servers") or {}).items():
+        for what, msg in (s or {}).get("errors", {}).items():
+            lines.append(f"{side}: {what}: {msg}")
+        for msg in (s or {}).get("warnings", []):
+            lines.append(f"{side}: warning: {msg}")
+    return lines

@@ -81,6 +81,10 @@ class VariantRecord:
     generation: GenerationRecord | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)  # as-configured: explain's rows
     seconds: float = 0.0
+    # per-position values of the predicted positions 0..T-2 of each window (``per_token[name][window]``):
+    # kl, delta_p, top1, nll_delta (and a server's mass_outside): the quantiles of llama.cpp's list need
+    # every value, not sums
+    per_token: dict[str, list[list[float]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

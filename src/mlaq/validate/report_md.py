@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mlaq.validate.report_sections import kld_section, server_header, server_notes
 from mlaq.validate.summary import caption, format_markdown, variants
 
 PLOTS = {
@@ -192,13 +193,14 @@ def _by_bucket(r: dict[str, Any]) -> list[str]:
     buckets = [f"{a}–{b - 1}" for a, b in r["buckets"]]
     lines = ["## Drift with context position", ""]
     ref = r["reference"]
-    lines += [
-        "Reference NLL by position (nats; it should fall with position when the model uses its context): "
-        + ", ".join(
-            f"{b}: {x:.3f}" for b, x in zip(buckets, ref["nll_by_bucket"], strict=True) if x is not None
-        ),
-        "",
-    ]
+    if "nll_by_bucket" in ref:
+        lines += [
+            "Reference NLL by position (nats; it should fall with position when the model uses its context): "
+            + ", ".join(
+                f"{b}: {x:.3f}" for b, x in zip(buckets, ref["nll_by_bucket"], strict=True) if x is not None
+            ),
+            "",
+        ]
     for key, title, kind in (
         ("attn_rel_err_by_bucket", "Attention error (%) by position", "pct"),
         ("kl_by_bucket", "KL(reference ‖ scheme) by position (nats)", "e"),
@@ -223,7 +225,8 @@ def _layers(r: dict[str, Any]) -> list[str]:
 def _acceptance(r: dict[str, Any]) -> list[str]:
     k = r["config"]["num_speculative_tokens"]
     if not k:
-        return ["## MTP speculative decoding", "", "Not run (--num-speculative-tokens 0).", ""]
+        why = "the servers reported none" if r.get("source") == "server" else "--num-speculative-tokens 0"
+        return ["## MTP speculative decoding", "", f"Not run ({why}).", ""]
     head = ["scheme", "drafts", "draft tokens", "accepted", "mean len", "avg rate", "± 1 SE"]
     head += [f"pos {i}" for i in range(k)]
     body = []
@@ -288,7 +291,11 @@ def _decisions(r: dict[str, Any]) -> list[str]:
 
 def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     """The whole report.md."""
-    lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
+    if r.get("source") == "server":  # no weights: no arithmetic, per-op or per-layer figures
+        lines = server_header(r) + _summary(r) + server_notes(r) + kld_section(r) + _by_bucket(r)
+    else:
+        lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
+        lines += kld_section(r)
     lines += _acceptance(r) + _generation(r) + _decisions(r)
     if plots:
         lines += ["## Plots", ""] + [f"![{PLOTS.get(p, p)}]({p})" for p in plots] + [""]

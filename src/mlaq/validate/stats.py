@@ -11,9 +11,11 @@ from statistics import fmean
 from typing import Any
 
 from mlaq.engine.spec_metrics import SpecDecodingStats
+from mlaq.validate.kld import kld_statistics_by_bucket
 from mlaq.validate.metrics import first_divergence, longest_loop, repeated_ngram_share
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, Totals, VariantRecord
 from mlaq.validate.theory import THEORY, theory_for
+from mlaq.validate.topk_kl import estimator_summary
 
 FORMAT_VERSION = 1
 
@@ -140,6 +142,20 @@ def _ops(v: VariantRecord, operands: dict[str, dict[str, float]]) -> dict[str, A
     return out
 
 
+def kld_stats(v: VariantRecord, buckets: list[list[int]]) -> dict[str, Any]:
+    """llama.cpp's ``--kl-divergence`` list over every predicted position, and by position bucket."""
+    import numpy as np
+
+    def flat(name: str) -> np.ndarray:
+        return np.array([x for w in v.per_token[name] for x in w], dtype=np.float64)
+
+    positions = np.array([t for w in v.per_token["kl"] for t in range(len(w))], dtype=np.int64)
+    edges = [b[0] for b in buckets] + [buckets[-1][1]]
+    return kld_statistics_by_bucket(
+        positions, edges, flat("kl"), flat("delta_p"), flat("top1"), flat("nll_delta")
+    )
+
+
 def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record) -> dict[str, Any]:
     """One variant's figures; ``reference`` None for the reference itself."""
     out: dict[str, Any] = {
@@ -168,6 +184,10 @@ def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record
             if name in p:
                 per, overall = bucket_mean(p[name])
                 out[key], out[f"{key}_by_bucket"] = overall, per
+    if reference is not None and v.per_token.get("kl"):
+        out["kld_stats"] = kld_stats(v, r.buckets)
+        if "mass_outside" in v.per_token:  # a top-k estimate (a server source)
+            out["kl_estimator"] = estimator_summary(v.per_token["mass_outside"], v.per_token["exact"])
     gen = v.generation
     out.update(acceptance(gen.spec if gen else None))
     if gen is not None:
@@ -188,6 +208,7 @@ def summarize(r: Record) -> dict[str, Any]:
             as_configured["decisions"] = list(v.decisions)
     return {
         "format_version": FORMAT_VERSION,
+        "source": r.source,
         "model": dict(r.model),
         "eval_text": dict(r.eval_text),
         "config": dict(r.config),

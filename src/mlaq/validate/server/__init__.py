@@ -1,8 +1,8 @@
-"""``mlaq validate --server URL``: measure a live OpenAI-compatible deployment (vLLM, SGLang, mlaq serve)
-against a reference server or a recorded reference. Needs httpx (the ``remote`` extra)."""
+"""Talking to live OpenAI-compatible servers (vLLM, SGLang, mlaq serve) for ``mlaq validate --server``:
+the HTTP client, the wire formats, the target, the recorded reference. Needs httpx (the ``remote``
+extra). The measurement source built on it is ``mlaq.validate.sources.server``."""
 
 from mlaq.validate.server.client import ClientConfig, ServerError, Unsupported
 from mlaq.validate.server.config import ServerValidateConfig
-from mlaq.validate.server.runner import run_server_validation
 
-__all__ = ["ClientConfig", "ServerError", "ServerValidateConfig", "Unsupported", "run_server_validation"]
+__all__ = ["ClientConfig", "ServerError", "ServerValidateConfig", "Unsupported"]

@@ -9,6 +9,7 @@ ids, never text, so both servers of an A/B see exactly the same input.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,18 @@ class ServerTarget:
                     raise
                 self._local_tokenizer = self._load_tokenizer(exc)
         return list(self._local_tokenizer.encode(text, add_special_tokens=False))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of ``tokens`` for the report's samples: /detokenize, else --tokenizer, else ""."""
+        if self._local_tokenizer is None:
+            try:
+                r = self.client.post_json("/detokenize", {"model": self.model, "tokens": list(tokens)})
+                return str(r.get("prompt", ""))
+            except ServerError:
+                if self._tokenizer_path is None:
+                    return ""
+                self._local_tokenizer = self._load_tokenizer(ServerError("no /detokenize"))
+        return str(self._local_tokenizer.decode(list(tokens)))
 
     def _load_tokenizer(self, exc: ServerError) -> Any:
         if self._tokenizer_path is None:

@@ -11,7 +11,7 @@ import torch
 import mlaq
 from mlaq.model.config import ModelConfig
 from mlaq.validate.config import ValidateConfig
-from mlaq.validate.metrics import BucketSums
+from mlaq.validate.metrics import BucketSums, PositionDivergence
 from mlaq.validate.record import Totals
 from mlaq.validate.text import EvalData
 
@@ -77,6 +77,20 @@ def config_info(c: ValidateConfig, data: EvalData, buckets: int) -> dict[str, An
         "num_speculative_tokens": c.num_speculative_tokens,
         "ngram": c.ngram,
         "threads": torch.get_num_threads(),
+    }
+
+
+def per_token_values(d: PositionDivergence) -> dict[str, list[float]]:
+    """The per-position values llama.cpp's statistics need, at the T - 1 positions whose next token is
+    known: KL, Δp = p_cand - p_ref of the next token, top-1 agreement, ΔNLL."""
+    n = d.nll_delta.shape[0]
+    p_ref = torch.exp(-d.nll_ref)
+    p_cand = torch.exp(-(d.nll_ref + d.nll_delta))
+    return {
+        "kl": d.kl[:n].tolist(),
+        "delta_p": (p_cand - p_ref).tolist(),
+        "top1": d.top1[:n].tolist(),
+        "nll_delta": d.nll_delta.tolist(),
     }
 
 

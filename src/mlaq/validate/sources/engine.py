@@ -26,7 +26,7 @@ from mlaq.policy import decide_from_dir
 from mlaq.validate.capture import LayerInput, attention_output, capture_reference
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
 from mlaq.validate.generation import generate
-from mlaq.validate.metrics import Buckets, BucketSums, divergence, relative_error_terms
+from mlaq.validate.metrics import Buckets, BucketSums, PositionDivergence, divergence, relative_error_terms
 from mlaq.validate.progress import NullProgress, Progress
 from mlaq.validate.record import GenerationRecord, LayerRef, OpRecord, Record, SpecCounts, VariantRecord
 from mlaq.validate.sources import common
@@ -46,6 +46,7 @@ class _Run:
     generation: GenerationRecord | None = None
     descriptions: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    per_token: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def freeze(self, decisions: list[dict]) -> VariantRecord:
         v = self.variant
@@ -60,6 +61,7 @@ class _Run:
             generation=self.generation,
             decisions=decisions if v.kind is VariantKind.AS_CONFIGURED else [],
             seconds=self.seconds,
+            per_token=dict(self.per_token),
         )
 
 
@@ -206,7 +208,9 @@ def _teacher_forced(
             model = pool.model(v)
             runs[v].windows.append(sums := BucketSums(buckets))
             logits = model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]  # (T, V)
-            _add_divergence(sums, window.logprobs, logits, ids[0, 1:])
+            d = _add_divergence(sums, window.logprobs, logits, ids[0, 1:])
+            for name, values in common.per_token_values(d).items():
+                runs[v].per_token.setdefault(name, []).append(values)
             del logits
             _add_layer_errors(runs[v], sums, model, window.layers)
             if w == 0:
@@ -223,12 +227,13 @@ def _op(o) -> OpRecord:  # theory.OpError -> the record's plain copy
 
 def _add_divergence(
     sums: BucketSums, ref_logprobs: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor
-) -> None:
+) -> PositionDivergence:
     d = divergence(ref_logprobs, logits, targets)
     positions = torch.arange(ref_logprobs.shape[0])
     sums.add("kl", positions, d.kl)
     sums.add("top1", positions, d.top1)
     sums.add("nll_delta", positions[:-1], d.nll_delta)
+    return d
 
 
 def _add_layer_errors(

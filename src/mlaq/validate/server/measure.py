@@ -1,10 +1,10 @@
-"""``run_server_validation``: measure a live server against a reference server or a recorded reference.
+"""Measuring live servers: probe them, pick the inputs, teacher-force every window and greedy-generate
+every prompt on each side, and read MTP acceptance (``measure_sides``). A measurement a server cannot
+support is kept as an error on its side while the others still run. ``sources.server`` turns the sides
+into the measurement record.
 
-Order of work: probe both servers (identity, capabilities); tokenize the evaluation text and choose
-windows and prompts exactly as local validate does (same seed -> same windows and prompts, given the
-same tokens); teacher-force every window on both sides; greedy-generate every prompt on both sides,
-reading MTP acceptance per request or from /metrics deltas around our own requests. A measurement the
-server cannot support is reported as an error in the report while the others still run.
+Inputs are chosen exactly as local validate chooses them (same tokens and seed -> same windows and
+prompts); with ``--against`` they are the recording's own token ids.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from mlaq.validate.server.client import Unsupported
 from mlaq.validate.server.config import ServerValidateConfig
 from mlaq.validate.server.protocol import Greedy, TeacherForced
 from mlaq.validate.server.record import Recording, load_recording, save_recording
-from mlaq.validate.server.results import assemble
 from mlaq.validate.server.spec import counter_delta, per_request_stats, total
 from mlaq.validate.server.target import ServerTarget
 
@@ -39,6 +38,7 @@ class Side:
     acceptance: Any = None  # SpecDecodingStats | None
     acceptance_source: str | None = None  # "per_request" | "metrics" | "recording"
     seconds: dict[str, float] = field(default_factory=dict)
+    sample: str = ""  # the first prompt's completion, decoded
     errors: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -50,6 +50,7 @@ class Inputs:
     context_len: int
     max_tokens: int
     eval_text: dict[str, Any]
+    prompt_sample: str = ""
 
 
 def _pmap(fn: Callable[[T], R], items: Sequence[T], n: int, progress: Progress, label: str) -> list[R]:
@@ -67,16 +68,23 @@ def _pmap(fn: Callable[[T], R], items: Sequence[T], n: int, progress: Progress, 
     return out
 
 
-def run_server_validation(cfg: ServerValidateConfig, progress: Progress | None = None) -> dict[str, Any]:
+@dataclass
+class Sides:
+    candidate: Side
+    reference: Side | None  # a live server, a recording, or None (the candidate alone)
+    inputs: Inputs
+    seconds: float
+
+
+def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -> Sides:
+    """Every server measurement of a run (and the --record file, when asked for)."""
     progress = progress or NullProgress()
     t0 = time.perf_counter()
-    cand = ServerTarget(cfg.server, model=cfg.model, tokenizer=cfg.tokenizer)
-    ref = (
-        ServerTarget(cfg.reference, model=cfg.reference_model, tokenizer=cfg.tokenizer)
-        if cfg.reference
-        else None
-    )
     recorded = load_recording(cfg.against) if cfg.against else None
+    cand = ServerTarget(cfg.server, model=cfg.model, tokenizer=cfg.tokenizer)
+    ref = None
+    if cfg.reference is not None:
+        ref = ServerTarget(cfg.reference, model=cfg.reference_model, tokenizer=cfg.tokenizer)
     try:
         ident = cand.probe()
         ref_ident = ref.probe() if ref else None
@@ -84,8 +92,7 @@ def run_server_validation(cfg: ServerValidateConfig, progress: Progress | None =
         targets = [(cand, Side(ident.to_json()))]
         if ref is not None and ref_ident is not None:
             targets.append((ref, Side(ref_ident.to_json())))
-        sides = len(targets)
-        progress.begin((len(inputs.windows) + len(inputs.prompts)) * sides)
+        progress.begin((len(inputs.windows) + len(inputs.prompts)) * len(targets))
         ok = False
         try:
             for target, side in targets:
@@ -95,8 +102,8 @@ def run_server_validation(cfg: ServerValidateConfig, progress: Progress | None =
             ok = True
         finally:
             progress.end(ok)
-        for target, side in targets:
-            if target.identity is not None:  # teacher_forcing mode is known only after the first window
+        for target, side in targets:  # the teacher-forcing mode is known only now
+            if target.identity is not None:
                 side.identity = target.identity.to_json()
     finally:
         cand.close()
@@ -106,7 +113,7 @@ def run_server_validation(cfg: ServerValidateConfig, progress: Progress | None =
     reference = targets[1][1] if len(targets) > 1 else _recorded_side(recorded) if recorded else None
     if cfg.record is not None:
         _record(cfg, candidate, inputs)
-    return assemble(cfg, inputs, candidate, reference, {"total": time.perf_counter() - t0})
+    return Sides(candidate, reference, inputs, time.perf_counter() - t0)
 
 
 def _inputs(
@@ -221,6 +228,10 @@ def _generate(
     )
     after = target.scrape() if before is not None else None
     side.seconds["generation"] = time.perf_counter() - start
+    if side.generations:
+        side.sample = target.detokenize(side.generations[0].tokens)
+    if not inputs.prompt_sample and inputs.prompts:
+        inputs.prompt_sample = target.detokenize(inputs.prompts[0][-48:])
     if any(g.ids_from_text for g in side.generations):
         side.warnings.append(
             "the server returned no token ids for completions: ids were recovered by tokenizing the text "
