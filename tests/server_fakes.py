@@ -156,7 +156,12 @@ class _Handler(BaseHTTPRequestHandler):
                 "top_logprobs": tops,
             }
         elif k is not None and not body.get("echo"):
-            choice["logprobs"] = {"tokens": [key(t) for t in tokens]}
+            full = prompt + tokens
+            tops = [
+                {key(t): v for t, v in _top(logprobs(full[:i], b.noise), k, full[i]).items()}
+                for i in range(len(prompt), len(full))
+            ]
+            choice["logprobs"] = {"tokens": [key(t) for t in tokens], "top_logprobs": tops}
         out: dict[str, Any] = {"object": "text_completion", "model": b.name, "choices": [choice]}
         if b.spec_k and not body.get("echo") and body.get("prompt_logprobs") is None:
             out["metrics"] = self._spec(b, len(tokens))

@@ -260,3 +260,14 @@ def test_cli_bad_combinations(extra: list[str], message: str, capsys: pytest.Cap
     assert main(["validate", *extra, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_decode_path_compares_generated_tokens_while_contexts_agree(text: Path) -> None:
+    with FakeServer(Behaviour(noise=0.5, max_logprobs=-1)) as a, FakeServer(Behaviour(max_logprobs=-1)) as b:
+        r = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0), logprobs=-1))
+    c = _cand(r)
+    d = c["decode"]
+    firsts = c["generation"]["first_divergence"]
+    # positions 1..f per prompt (all 11 when a generation never differs)
+    assert d["n"] == sum(11 if f is None else f for f in firsts)
+    assert d["kl_estimator"]["exact"] and d["kld"]["mean"] > 0

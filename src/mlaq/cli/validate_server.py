@@ -111,6 +111,14 @@ def _details(report: dict) -> list[str]:
 
     lines = []
     for name, v in report["schemes"].items():
+        d = v.get("decode") or {}
+        if d.get("n"):
+            lines += [
+                "",
+                f"{name}: decode path (greedy positions with equal contexts, n={d['n']}): mean KLD "
+                f"{d['kld']['mean']:.6f} ± {d['kld']['uncertainty']:.6f}, max {d['kld']['max']:.6f}, "
+                f"same top p {100 * d['top1_agreement']:.3f} %",
+            ]
         stats = (v.get("kld_stats") or {}).get("all")
         if stats:
             lines += ["", f"====== {name}: KL divergence statistics (llama.cpp's list) ======"]

@@ -56,7 +56,7 @@ def _label(fraction: float) -> str:
     return f"{100 * fraction:g}"
 
 
-def _distribution(values: np.ndarray, fractions: Sequence[float]) -> dict[str, Any]:
+def distribution(values: np.ndarray, fractions: Sequence[float]) -> dict[str, Any]:
     s = np.sort(values.astype(np.float64))
     mean, unc = mean_and_uncertainty(s)
     return {
@@ -80,7 +80,7 @@ def kld_statistics(
     n = int(kl.size)
     if n == 0:
         return None
-    dp = _distribution(delta_p, DELTA_P_QUANTILES)
+    dp = distribution(delta_p, DELTA_P_QUANTILES)
     mse, mse_unc = mean_and_uncertainty(delta_p.astype(np.float64) ** 2)
     rms = math.sqrt(mse)
     dp["rms"] = rms
@@ -89,7 +89,7 @@ def kld_statistics(
     nll_mean, nll_unc = mean_and_uncertainty(nll_delta)
     return {
         "n": n,
-        "kld": _distribution(kl, KLD_QUANTILES),
+        "kld": distribution(kl, KLD_QUANTILES),
         "delta_p": dp,
         "same_top_p": {
             "value": same,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mlaq.validate.report_sections import kld_section, server_header, server_notes
+from mlaq.validate.report_sections import decode_section, kld_section, server_header, server_notes
 from mlaq.validate.summary import caption, format_markdown, variants
 
 PLOTS = {
@@ -292,7 +292,8 @@ def _decisions(r: dict[str, Any]) -> list[str]:
 def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     """The whole report.md."""
     if r.get("source") == "server":  # no weights: no arithmetic, per-op or per-layer figures
-        lines = server_header(r) + _summary(r) + server_notes(r) + kld_section(r) + _by_bucket(r)
+        lines = server_header(r) + _summary(r) + server_notes(r) + decode_section(r) + kld_section(r)
+        lines += _by_bucket(r)
     else:
         lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
         lines += kld_section(r)

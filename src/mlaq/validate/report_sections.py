@@ -61,17 +61,60 @@ def server_notes(r: dict[str, Any]) -> list[str]:
     return ["## What could not be measured", "", *out, ""] if out else []
 
 
+def decode_section(r: dict[str, Any]) -> list[str]:
+    """A server run's decode-path comparison (generated tokens while both contexts are equal)."""
+    rows = [(label, v["decode"]) for label, v in variants(r) if v.get("decode")]
+    if not rows:
+        return []
+    lines = [
+        "## Decode path (the absorbed BMMs)",
+        "",
+        "Prompt log-probabilities come from the prefill, which in vLLM (and in mlaq under "
+        "`decode_only`) runs kv_b_proj directly, not the absorbed BMMs that the FP8/FP4 BMM flags "
+        "re-quantize: a BMM bug can hide there. These figures compare the distributions of the greedy "
+        "tokens both servers generated, at generated positions 1…f (f: the first differing token; "
+        "position 0 comes from the prefill), where both still share their whole context.",
+        "",
+    ]
+    head = ["candidate", "positions", "mean KLD ±", "median", "99 %", "max", "top-1", "KL estimate"]
+    body = []
+    for label, d in rows:
+        if not d.get("n"):
+            body.append([label, "0", "—", "—", "—", "—", "—", "—"])
+            continue
+        k, est = d["kld"], d["kl_estimator"]
+        body.append(
+            [
+                label,
+                str(d["n"]),
+                f"{k['mean']:.2e} ± {k['uncertainty']:.1e}",
+                f"{k['median']:.2e}",
+                f"{k['quantiles']['99']:.2e}",
+                f"{k['max']:.2e}",
+                f"{100 * d['top1_agreement']:.2f} %",
+                "exact" if est["exact"] else f"top-k, mass outside {est['mass_outside_mean']:.1e}",
+            ]
+        )
+    return [*lines, *_table(head, body), ""]
+
+
 def kld_section(r: dict[str, Any]) -> list[str]:
     """llama.cpp's ``perplexity --kl-divergence`` list per candidate, overall and by context position."""
     rows = [(label, v) for label, v in variants(r) if (v.get("kld_stats") or {}).get("all")]
     if not rows:
         return []
+    path = (
+        "Teacher-forced through the servers' prompt log-probabilities, i.e. the prefill path (see the "
+        "decode-path section for the absorbed BMMs). "
+        if r.get("source") == "server"
+        else "Teacher-forced with the absorbed (decode) path. "
+    )
     lines = [
         "## KL divergence and token probability statistics (llama.cpp's list)",
         "",
-        "As `llama-perplexity --kl-divergence` prints them, over every predicted position whose next token "
-        "is known (KLD in nats; Δp = change of the actual next token's probability; same top p = top-1 "
-        "agreement; ± is the standard error), then by context position.",
+        path + "As `llama-perplexity --kl-divergence` prints them, over every predicted position whose "
+        "next token is known (KLD in nats; Δp = change of the actual next token's probability; same top "
+        "p = top-1 agreement; ± is the standard error), then by context position.",
         "",
     ]
     for label, v in rows:

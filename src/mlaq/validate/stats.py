@@ -11,7 +11,7 @@ from statistics import fmean
 from typing import Any
 
 from mlaq.engine.spec_metrics import SpecDecodingStats
-from mlaq.validate.kld import kld_statistics_by_bucket
+from mlaq.validate.kld import KLD_QUANTILES, distribution, kld_statistics_by_bucket
 from mlaq.validate.metrics import first_divergence, longest_loop, repeated_ngram_share
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, Totals, VariantRecord
 from mlaq.validate.theory import THEORY, theory_for
@@ -156,6 +156,20 @@ def kld_stats(v: VariantRecord, buckets: list[list[int]]) -> dict[str, Any]:
     )
 
 
+def decode_summary(per_token: dict[str, list[list[float]]]) -> dict[str, Any]:
+    """KL and top-1 on the decode path: generated positions whose context both sides still share."""
+    import numpy as np
+
+    kl = np.array([x for w in per_token["decode_kl"] for x in w], dtype=np.float64)
+    if kl.size == 0:
+        return {"n": 0}
+    top1 = np.array([x for w in per_token["decode_top1"] for x in w], dtype=np.float64)
+    out = {"n": int(kl.size), "kld": distribution(kl, KLD_QUANTILES)}
+    out["top1_agreement"] = float(top1.mean())
+    out["kl_estimator"] = estimator_summary(per_token["decode_mass_outside"], per_token["decode_exact"])
+    return out
+
+
 def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record) -> dict[str, Any]:
     """One variant's figures; ``reference`` None for the reference itself."""
     out: dict[str, Any] = {
@@ -184,6 +198,8 @@ def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record
             if name in p:
                 per, overall = bucket_mean(p[name])
                 out[key], out[f"{key}_by_bucket"] = overall, per
+    if reference is not None and v.per_token.get("decode_kl") is not None:
+        out["decode"] = decode_summary(v.per_token)
     if reference is not None and v.per_token.get("kl"):
         out["kld_stats"] = kld_stats(v, r.buckets)
         if "mass_outside" in v.per_token:  # a top-k estimate (a server source)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlaq.validate.server.protocol import TeacherForced
+from mlaq.validate.metrics import first_divergence
+from mlaq.validate.server.protocol import Greedy, TeacherForced
 from mlaq.validate.topk_kl import same_top, topk_kl
 
 
@@ -30,3 +31,22 @@ def window_values(reference: TeacherForced, candidate: TeacherForced) -> dict[st
         "delta_p": (np.exp(lc) - np.exp(lr)).tolist(),
         "nll_delta": (lr - lc).tolist(),
     }
+
+
+def decode_values(reference: Greedy, candidate: Greedy) -> dict[str, list[float]] | None:
+    """The decode path, compared where both generations still share their context: generated positions
+    1..f, f = the first differing token (its distribution was still computed on equal prefixes; all of
+    them when none differs). Position 0 is left out: its distribution comes from the prefill. None when
+    a server returned no id-keyed top logprobs for its completions."""
+    if reference.top is None or candidate.top is None:
+        return None
+    f = first_divergence(reference.tokens, candidate.tokens)
+    end = min(len(reference.top), len(candidate.top)) if f is None else f + 1
+    kl, outside, exact, top1 = [], [], [], []
+    for dr, dc in zip(reference.top[1:end], candidate.top[1:end], strict=True):
+        est = topk_kl(dr, dc)
+        kl.append(est.kl)
+        outside.append(est.mass_outside)
+        exact.append(float(est.exact))
+        top1.append(float(same_top(dr, dc)))
+    return {"kl": kl, "mass_outside": outside, "exact": exact, "top1": top1}

@@ -220,7 +220,7 @@ def _generate(
     ident = target.identity
     before = target.scrape() if ident is not None and ident.metrics else None
     side.generations = _pmap(
-        lambda p: target.greedy(p, inputs.max_tokens),
+        lambda p: target.greedy(p, inputs.max_tokens, cfg.logprobs),
         inputs.prompts,
         cfg.concurrency,
         progress,

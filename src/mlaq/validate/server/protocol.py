@@ -49,6 +49,9 @@ class Greedy:
     tokens: tuple[int, ...]
     spec: Mapping[str, Any] | None  # the response's ``metrics`` object, if any
     ids_from_text: bool = False  # ids recovered by tokenizing the returned text (approximate)
+    # per generated token, the top-k distribution it was drawn from (None: not returned with ids).
+    # Token 0's comes from the prefill; the others from the decode path (the absorbed BMMs).
+    top: tuple[dict[int, float], ...] | None = None
 
 
 def token_id(key: str | int, *, prefixed: bool = False) -> int | None:
@@ -113,6 +116,18 @@ def parse_echo_logprobs(response: Any, tokens: Sequence[int]) -> TeacherForced:
     for t, d, v in zip(tokens[1:], top, values, strict=True):
         d.setdefault(t, v)  # the actual token's log-probability is always known
     return TeacherForced(tuple(tokens), np.array(values, dtype=np.float64), top)
+
+
+def parse_greedy_top(response: Any) -> tuple[dict[int, float], ...] | None:
+    """The generated tokens' top-k maps when keyed by ids (``token_id:N``), else None."""
+    lp = _choice(response).get("logprobs")
+    tops = lp.get("top_logprobs") if isinstance(lp, Mapping) else None
+    if not isinstance(tops, list) or not tops or any(not isinstance(t, Mapping) for t in tops):
+        return None
+    try:
+        return tuple(_ids_map(t, "top_logprobs", True) for t in tops)
+    except Unsupported:
+        return None
 
 
 def parse_greedy_ids(response: Any) -> tuple[tuple[int, ...] | None, str]:

@@ -21,6 +21,7 @@ from mlaq.validate.server.protocol import (
     TeacherForced,
     parse_echo_logprobs,
     parse_greedy_ids,
+    parse_greedy_top,
     parse_prompt_logprobs,
 )
 from mlaq.validate.server.spec import Counters, counters, parse_prometheus
@@ -176,14 +177,16 @@ class ServerTarget:
         return "echo"
 
     # -- generation -----------------------------------------------------------------------------
-    def greedy(self, prompt: list[int], max_tokens: int) -> Greedy:
-        """Greedy completion of ``prompt`` (EOS ignored, so every prompt yields ``max_tokens``)."""
-        extras = {"logprobs": 1, "return_tokens_as_token_ids": True, "return_token_ids": True}
+    def greedy(self, prompt: list[int], max_tokens: int, k: int = 1) -> Greedy:
+        """Greedy completion of ``prompt`` (EOS ignored, so every prompt yields ``max_tokens``), with
+        the top-``k`` distribution of every generated token."""
+        extras = {"logprobs": k, "return_tokens_as_token_ids": True, "return_token_ids": True}
         r = self._completion(prompt, max_tokens=max_tokens, ignore_eos=True, **extras)
         ids, text = parse_greedy_ids(r)
         metrics = r.get("metrics") if isinstance(r, dict) else None
+        top = parse_greedy_top(r)
         if ids is not None:
-            return Greedy(ids, metrics)
+            return Greedy(ids, metrics, top=top if top is not None and len(top) == len(ids) else None)
         return Greedy(tuple(self.tokenize(text)), metrics, ids_from_text=True)
 
     def _completion(self, prompt: list[int], **fields: Any) -> Any:

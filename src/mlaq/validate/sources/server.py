@@ -17,7 +17,7 @@ import torch
 from mlaq.validate.metrics import Buckets, BucketSums
 from mlaq.validate.progress import NullProgress, Progress
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, VariantRecord
-from mlaq.validate.server.compare import window_values
+from mlaq.validate.server.compare import decode_values, window_values
 from mlaq.validate.server.config import ServerValidateConfig
 from mlaq.validate.server.measure import Side, measure_sides
 from mlaq.validate.sources import common
@@ -114,6 +114,11 @@ def _variant(
                 sums.add(key, positions, torch.tensor(values[key], dtype=torch.float64))
             for key, vals in values.items():
                 per_token.setdefault(key, []).append(vals)
+    if reference is not None and side.generations is not None and reference.generations is not None:
+        for r, c in zip(reference.generations, side.generations, strict=True):
+            values = decode_values(r, c)
+            for key, vals in (values or {}).items():
+                per_token.setdefault(f"decode_{key}", []).append(vals)
     gen = None
     if side.generations is not None:
         s = side.acceptance
