@@ -93,3 +93,20 @@ def test_mxfp4_server_matches_local_validate(ckpt: Path) -> None:
     # Same scheme, same model, different positions (generated continuations vs the text's windows, about
     # 40 vs 126 positions of a random model): the means agree within 2x (measured: 0.154 vs 0.141 nats).
     assert 0.5 < d["kld"]["mean"] / local["schemes"]["mxfp4"]["kl"] < 2.0
+
+
+def test_mtp_acceptance_per_request_equals_the_metrics_deltas(ckpt: Path) -> None:
+    mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}
+    reports = []
+    for serve in ({"per_request_spec_decode_metrics": "summary"}, {}):
+        with serving(ckpt, mtp, **serve) as a:
+            cfg = ServerValidateConfig(
+                server=ClientConfig(a.url, retries=0), eval_text=ckpt / "heldout.txt", concurrency=1, **SIZES
+            )  # type: ignore[arg-type]
+            reports.append(run_server_validation(cfg))
+    per_request, scraped = reports
+    assert per_request["model"]["servers"]["candidate"]["acceptance_source"] == "per_request"
+    assert scraped["model"]["servers"]["candidate"]["acceptance_source"] == "metrics"
+    keys = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
+    assert per_request["reference"]["num_drafts"] > 0
+    assert {k: per_request["reference"][k] for k in keys} == {k: scraped["reference"][k] for k in keys}
