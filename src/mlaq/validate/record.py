@@ -67,6 +67,37 @@ class LayerRef:
 
 
 @dataclass(frozen=True)
+class TaskSampleRecord:
+    """One task sample (the same samples for every variant): what it asked, at which length and depth."""
+
+    task: str
+    length: int
+    index: int
+    depth: float  # where the answer's fact sits in the haystack filler (0 start, 1 end)
+    answer_tokens: int
+    wrapped: bool  # the haystack text repeated to fill this sample
+
+
+@dataclass(frozen=True)
+class TaskScoreRecord:
+    """One variant's score on one task sample."""
+
+    correct: bool  # greedy exact match of the answer
+    logprob: float  # mean log-probability of the answer tokens, teacher-forced (nats)
+    token_accuracy: float
+
+
+@dataclass(frozen=True)
+class TaskSuiteRecord:
+    """The long-context task suite: its settings, haystack and samples (scores are per variant)."""
+
+    config: dict[str, Any]
+    haystack: dict[str, Any]  # path, tokens, wrapped (any sample repeated the text)
+    samples: list[TaskSampleRecord]
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class VariantRecord:
     """Everything measured for one variant (the reference included). A source fills what it can
     measure; what it cannot stays empty (no layers, no ops, no generation) and the report omits it."""
@@ -81,6 +112,7 @@ class VariantRecord:
     generation: GenerationRecord | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)  # as-configured: explain's rows
     seconds: float = 0.0
+    tasks: list[TaskScoreRecord] = field(default_factory=list)  # aligned with Record.tasks.samples
 
 
 @dataclass(frozen=True)
@@ -101,6 +133,7 @@ class Record:
     timings: dict[str, float]
     source: str = "engine"
     record_version: int = RECORD_VERSION
+    tasks: TaskSuiteRecord | None = None  # the long-context task suite, when it ran
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +150,7 @@ class Record:
                 "reference": _variant(obj["reference"]),
                 "noise_floor": None if obj["noise_floor"] is None else _variant(obj["noise_floor"]),
                 "candidates": [_variant(v) for v in obj["candidates"]],
+                "tasks": _suite(obj.get("tasks")),
             }
         )
 
@@ -133,5 +167,12 @@ def _variant(obj: dict[str, Any]) -> VariantRecord:
             "layers": [LayerRef(**x) for x in obj.get("layers", [])],
             "ops": [OpRecord(**x) for x in obj.get("ops", [])],
             "generation": gen,
+            "tasks": [TaskScoreRecord(**x) for x in obj.get("tasks", [])],
         }
     )
+
+
+def _suite(obj: dict[str, Any] | None) -> TaskSuiteRecord | None:
+    if obj is None:
+        return None
+    return TaskSuiteRecord(**{**obj, "samples": [TaskSampleRecord(**x) for x in obj["samples"]]})
