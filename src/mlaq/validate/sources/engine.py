@@ -116,11 +116,15 @@ class EngineSource:
         )
         buckets = Buckets(context, min(config.buckets, context))
         suite = samples = None
+        skipped: list[str] = []
         if config.tasks is not None:  # drawn now: a bad length or haystack fails before the model work
             suite = tasks.resolve(config.tasks, model_config.max_position_embeddings, str(config.model))
             haystack = Haystack(str(data.path), data.tokens)
-            samples = tasks.draw(
-                suite, haystack, lambda text: tokenizer.encode(text, add_special_tokens=False)
+            samples, skipped = tasks.draw(
+                suite,
+                haystack,
+                lambda text: tokenizer.encode(text, add_special_tokens=False),
+                explicit=config.tasks.lengths is not None,
             )
         candidates = config.variants(reference)
         others = ([self.noise_floor] if self.noise_floor is not None else []) + list(candidates)
@@ -201,7 +205,7 @@ class EngineSource:
             source=self.name,
             tasks=None
             if samples is None
-            else tasks.suite_record(suite, haystack, samples, timings.get("tasks", 0.0)),
+            else tasks.suite_record(suite, haystack, samples, skipped, timings.get("tasks", 0.0)),
         )
 
 

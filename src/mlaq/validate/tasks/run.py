@@ -10,7 +10,7 @@ from mlaq.model import Precision
 from mlaq.validate.config import Variant
 from mlaq.validate.progress import Progress
 from mlaq.validate.record import TaskSampleRecord, TaskScoreRecord, TaskSuiteRecord
-from mlaq.validate.tasks.generators import TaskSample, build_samples
+from mlaq.validate.tasks.generators import TaskSample, TooShort, make_sample
 from mlaq.validate.tasks.haystack import Haystack
 from mlaq.validate.tasks.scoring import score_variants
 from mlaq.validate.tasks.spec import TaskConfig, default_lengths
@@ -26,8 +26,24 @@ def resolve(cfg: TaskConfig, max_context: int, model: str) -> TaskConfig:
     return cfg
 
 
-def draw(cfg: TaskConfig, haystack: Haystack, encode: Encode) -> list[TaskSample]:
-    return build_samples(cfg, haystack, encode)
+def draw(
+    cfg: TaskConfig, haystack: Haystack, encode: Encode, *, explicit: bool
+) -> tuple[list[TaskSample], list[str]]:
+    """The samples, and the (task, length) cells skipped because the length cannot hold the task. With
+    ``explicit`` lengths (the user's --lengths) a cell that does not fit is an error instead."""
+    samples: list[TaskSample] = []
+    skipped: list[str] = []
+    for task in cfg.tasks:
+        for length in cfg.lengths or ():
+            try:
+                samples += [make_sample(task, length, i, cfg, haystack, encode) for i in range(cfg.samples)]
+            except TooShort as exc:
+                if explicit:
+                    raise
+                skipped.append(str(exc).replace("--lengths ", "length ", 1))
+    if not samples:
+        raise ValueError(f"no task fits the model's context: {'; '.join(skipped)}")
+    return samples, skipped
 
 
 def score(
@@ -59,9 +75,10 @@ def score(
 
 
 def suite_record(
-    cfg: TaskConfig, haystack: Haystack, samples: Sequence[TaskSample], seconds: float
+    cfg: TaskConfig, haystack: Haystack, samples: Sequence[TaskSample], skipped: list[str], seconds: float
 ) -> TaskSuiteRecord:
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+    config["skipped"] = list(skipped)
     wrapped = any(s.wrapped for s in samples)
     return TaskSuiteRecord(
         config,
