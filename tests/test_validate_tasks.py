@@ -74,7 +74,11 @@ def test_multikey_has_16_pairs_and_vartrack_chains() -> None:
     text = decode(v.prompt)
     queried = text[v.query_start :].split()[1]
     # follow the chain back from the queried name to its value
-    assignments = dict(line.split(" = ") for line in text.splitlines() if line.count(" = ") == 1 and "_" in line.split(" = ")[0] and " " not in line.split(" = ")[0])
+    assignments = dict(
+        line.split(" = ")
+        for line in text.splitlines()
+        if line.count(" = ") == 1 and "_" in line.split(" = ")[0] and " " not in line.split(" = ")[0]
+    )
     name, hops = queried, 0
     while not assignments[name].isdigit():
         name, hops = assignments[name], hops + 1

@@ -16,10 +16,11 @@ floor at 0.95 x the reference (TensorRT-LLM's "collapse tripwire"). Here, from t
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlaq.validate.intervals import min_detectable_drop
+from mlaq.validate.intervals import Z80, Z95, exact_floor, min_detectable_drop
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,18 @@ class VerdictConfig:
         return asdict(self)
 
 
-def samples_needed(reference_accuracy: float, max_drop: float, limit: int = 100_000) -> int | None:
-    """The fewest paired samples per cell whose detectable drop is <= ``max_drop`` (None: none below limit)."""
-    n = 1
-    while n <= limit:
-        if min_detectable_drop(n, reference_accuracy) <= max_drop:
-            return n
-        n = n + 1 if n < 64 else int(n * 1.1)
-    return None
+def samples_needed(reference_accuracy: float, max_drop: float) -> int:
+    """The fewest paired samples per cell whose detectable drop is <= ``max_drop`` (the inverse of
+    ``min_detectable_drop``: n >= 6 / drop and n >= (z_a + z_b)^2 2 p (1 - p) / drop^2)."""
+    p = reference_accuracy
+    n = max(
+        math.ceil(exact_floor(0.05) / max_drop), math.ceil((Z95 + Z80) ** 2 * 2 * p * (1 - p) / max_drop**2)
+    )
+    while n > 1 and min_detectable_drop(n - 1, p) <= max_drop:  # float rounding at the boundary
+        n -= 1
+    while min_detectable_drop(n, p) > max_drop:
+        n += 1
+    return n
 
 
 def holm(p_values: list[float]) -> list[float]:
@@ -107,7 +112,7 @@ def verdict(
             need = samples_needed(ref_acc, cfg.max_drop)
             missing.append(
                 f"{task} at {longest}: n={c['n']} detects drops of {100 * mde:.0f} points or more"
-                + (f"; --task-samples {need} detects {100 * cfg.max_drop:g}" if need else "")
+                + f"; --task-samples {need} detects {100 * cfg.max_drop:g}"
             )
     status = "degraded" if degraded else ("inconclusive" if missing else "ok")
     return {
