@@ -19,7 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mlaq.model.mla_core import AbsorbedWeights, absorbed_scores, assemble_keys, attention_mask, masked_softmax
+from mlaq.model.mla_core import (
+    AbsorbedWeights,
+    absorbed_scores,
+    assemble_keys,
+    attention_mask,
+    masked_softmax,
+)
 from mlaq.validate.capture import LayerInput
 
 RETRIEVAL_WEIGHT = 0.5  # a reference top key at least this heavy marks a retrieval-like row
@@ -43,31 +49,57 @@ def sample_rows(length: int, rows: int) -> Tensor:
     return torch.linspace(0, length - 1, rows).round().long().unique()
 
 
+@dataclass(frozen=True)
+class FlipReference:
+    """One layer's sampled query rows on one window under the reference (shared by every variant)."""
+
+    layer: int
+    q_nope: Tensor  # (1, R, N, P)
+    q_pe: Tensor  # (1, R, N, R')
+    keys: Tensor  # (1, K, L+R') latent keys of the window
+    mask: Tensor  # (1, R, K) bool
+    scale: float
+    top_weight: Tensor  # (N, R) float32: the reference's largest weight per row
+    top_key: Tensor  # (N, R) int64
+    weights: Tensor  # (N, R, K) float32
+
+
 @torch.no_grad()
-def attention_flips(
+def flip_reference(
     model: torch.nn.Module, inp: LayerInput, reference: AbsorbedWeights, rows: int = DEFAULT_ROWS
-) -> FlipRows:
-    """Compare layer ``inp.layer``'s attention weights under the model's current BMM #1 weights with
-    those under ``reference`` on the captured input; sampled query rows only (memory: N x R x T)."""
+) -> FlipReference:
+    """Project the captured input of layer ``inp.layer`` (the query/key projections do not depend on the
+    BMM scheme) and compute the reference's attention weights on ``rows`` sampled query rows."""
     attn = model.model.layers[inp.layer].self_attn
-    variant = attn.absorbed
-    if variant is None:
-        raise ValueError(f"layer {inp.layer}: absorbed BMM weights are not prepared")
     proj = attn.project(inp.hidden.to(attn.dtype), inp.positions)
     keys, valid = assemble_keys(None, None, proj.latent, inp.positions)  # (1, K, L+R), (1, K)
     r = sample_rows(inp.hidden.shape[1], rows)  # (R,)
     key_mask = None if inp.key_mask is None else inp.key_mask[:, r]
     mask = attention_mask(inp.positions[:, r], valid, key_mask)  # (1, R, K)
-    q_nope, q_pe = proj.q_nope[:, r], proj.q_pe[:, r]  # (1, R, N, P), (1, R, N, R)
+    q_nope, q_pe = proj.q_nope[:, r], proj.q_pe[:, r]  # (1, R, N, P), (1, R, N, R')
+    weights = _weights(q_nope, q_pe, keys, mask, reference, attn.softmax_scale)  # (N, R, K)
+    top = weights.max(-1)
+    return FlipReference(
+        inp.layer, q_nope, q_pe, keys, mask, attn.softmax_scale, top.values, top.indices, weights
+    )
+
+
+@torch.no_grad()
+def attention_flips(model: torch.nn.Module, ref: FlipReference) -> FlipRows:
+    """Compare the attention weights under the model's current BMM #1 weights of layer ``ref.layer``
+    with the reference's, on the same rows and keys."""
+    variant = model.model.layers[ref.layer].self_attn.absorbed
+    if variant is None:
+        raise ValueError(f"layer {ref.layer}: absorbed BMM weights are not prepared")
     # float32 weights, unrounded: bf16-rounded weights tie often in diffuse rows, and a tie broken
     # the other way is not a flip of the score order
-    p_ref = _weights(q_nope, q_pe, keys, mask, reference, attn.softmax_scale)  # (N, R, K)
-    p_var = _weights(q_nope, q_pe, keys, mask, variant, attn.softmax_scale)
-    top_ref = p_ref.max(-1)  # values, indices: (N, R) each
-    flipped = p_var.argmax(-1) != top_ref.indices
-    tv = 0.5 * (p_var.double() - p_ref.double()).abs().sum(-1)
-    return FlipRows(mask[0].sum(-1), flipped, tv, top_ref.values >= RETRIEVAL_WEIGHT)
+    weights = _weights(ref.q_nope, ref.q_pe, ref.keys, ref.mask, variant, ref.scale)  # (N, R, K)
+    flipped = weights.argmax(-1) != ref.top_key
+    tv = 0.5 * (weights.double() - ref.weights.double()).abs().sum(-1)
+    return FlipRows(ref.mask[0].sum(-1), flipped, tv, ref.top_weight >= RETRIEVAL_WEIGHT)
 
 
-def _weights(q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, w: AbsorbedWeights, scale: float) -> Tensor:
+def _weights(
+    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, w: AbsorbedWeights, scale: float
+) -> Tensor:
     return masked_softmax(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, torch.float32)[0]

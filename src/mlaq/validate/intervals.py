@@ -82,9 +82,10 @@ def min_detectable_drop(n: int, reference_accuracy: float) -> float:
     The larger of (a) the exact test's floor: at least ``exact_floor(0.05)`` = 6 samples must flip, all one
     way, whatever the noise; and (b) the normal approximation (z_{alpha/2} + z_{0.8}) sqrt(2 p (1 - p) / n)
     of an unpaired comparison at the reference's accuracy p, which bounds the paired test from above when
-    the two runs' errors are positively correlated (they share samples and weights)."""
+    the two runs' errors are positively correlated (they share samples and weights). Capped at 1.0,
+    which means that no drop at all was detectable (fewer than 6 samples)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     p = min(max(reference_accuracy, 0.0), 1.0)
     normal = (Z95 + Z80) * math.sqrt(2 * p * (1 - p) / n)
-    return max(exact_floor(0.05) / n, normal)
+    return min(1.0, max(exact_floor(0.05) / n, normal))

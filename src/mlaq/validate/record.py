@@ -67,6 +67,37 @@ class LayerRef:
 
 
 @dataclass(frozen=True)
+class TaskSampleRecord:
+    """One task sample (the same samples for every variant): what it asked, at which length and depth."""
+
+    task: str
+    length: int
+    index: int
+    depth: float  # where the answer's fact sits in the haystack filler (0 start, 1 end)
+    answer_tokens: int
+    wrapped: bool  # the haystack text repeated to fill this sample
+
+
+@dataclass(frozen=True)
+class TaskScoreRecord:
+    """One variant's score on one task sample."""
+
+    correct: bool  # greedy exact match of the answer
+    logprob: float  # mean log-probability of the answer tokens, teacher-forced (nats)
+    token_accuracy: float
+
+
+@dataclass(frozen=True)
+class TaskSuiteRecord:
+    """The long-context task suite: its settings, haystack and samples (scores are per variant)."""
+
+    config: dict[str, Any]
+    haystack: dict[str, Any]  # path, tokens, wrapped (any sample repeated the text)
+    samples: list[TaskSampleRecord]
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class VariantRecord:
     """Everything measured for one variant (the reference included). A source fills what it can
     measure; what it cannot stays empty (no layers, no ops, no generation) and the report omits it."""
@@ -85,6 +116,7 @@ class VariantRecord:
     # kl, delta_p, top1, nll_delta (and a server's mass_outside): the quantiles of llama.cpp's list need
     # every value, not sums
     per_token: dict[str, list[list[float]]] = field(default_factory=dict)
+    tasks: list[TaskScoreRecord] = field(default_factory=list)  # aligned with Record.tasks.samples
 
 
 @dataclass(frozen=True)
@@ -105,6 +137,7 @@ class Record:
     timings: dict[str, float]
     source: str = "engine"
     record_version: int = RECORD_VERSION
+    tasks: TaskSuiteRecord | None = None  # the long-context task suite, when it ran
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +154,7 @@ class Record:
                 "reference": _variant(obj["reference"]),
                 "noise_floor": None if obj["noise_floor"] is None else _variant(obj["noise_floor"]),
                 "candidates": [_variant(v) for v in obj["candidates"]],
+                "tasks": _suite(obj.get("tasks")),
             }
         )
 
@@ -137,5 +171,12 @@ def _variant(obj: dict[str, Any]) -> VariantRecord:
             "layers": [LayerRef(**x) for x in obj.get("layers", [])],
             "ops": [OpRecord(**x) for x in obj.get("ops", [])],
             "generation": gen,
+            "tasks": [TaskScoreRecord(**x) for x in obj.get("tasks", [])],
         }
     )
+
+
+def _suite(obj: dict[str, Any] | None) -> TaskSuiteRecord | None:
+    if obj is None:
+        return None
+    return TaskSuiteRecord(**{**obj, "samples": [TaskSampleRecord(**x) for x in obj["samples"]]})

@@ -14,8 +14,10 @@ from mlaq.engine.spec_metrics import SpecDecodingStats
 from mlaq.validate.kld import KLD_QUANTILES, distribution, kld_statistics_by_bucket
 from mlaq.validate.metrics import first_divergence, longest_loop, repeated_ngram_share
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, Totals, VariantRecord
+from mlaq.validate.task_stats import flip_table, needle_by_depth, task_table
 from mlaq.validate.theory import THEORY, theory_for
 from mlaq.validate.topk_kl import estimator_summary
+from mlaq.validate.verdict import VerdictConfig, verdict
 
 FORMAT_VERSION = 1
 
@@ -210,18 +212,37 @@ def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record
         ref_gen = None if reference is None else reference.generation
         out["generation"] = generation(gen, ref_gen, r.config["ngram"])
         out["sample"] = gen.sample
+    if r.tasks is not None and v.tasks:
+        out["tasks"] = task_table(r.tasks, v, reference, r.seed)
+        out["needle_by_depth"] = needle_by_depth(r.tasks, v)
+    out.update(flip_table(v, r.buckets))
     out["seconds"] = v.seconds
     return out
 
 
-def summarize(r: Record) -> dict[str, Any]:
+def _suite(r: Record) -> dict[str, Any] | None:
+    if r.tasks is None:
+        return None
+    return {
+        "config": dict(r.tasks.config),
+        "haystack": dict(r.tasks.haystack),
+        "samples": len(r.tasks.samples),
+        "seconds": r.tasks.seconds,
+    }
+
+
+def summarize(r: Record, verdict_config: VerdictConfig | None = None) -> dict[str, Any]:
     """The whole report as one JSON-ready dict (what ``--json`` prints and report.json holds)."""
+    vc = verdict_config or VerdictConfig()
+    reference = variant_summary(r.reference, None, r)
     cands = {v.name: variant_summary(v, r.reference, r) for v in r.candidates if v.kind != "as_configured"}
     as_configured = None
     for v in r.candidates:
         if v.kind == "as_configured":
             as_configured = variant_summary(v, r.reference, r)
             as_configured["decisions"] = list(v.decisions)
+    for summary in [*cands.values(), *([as_configured] if as_configured else [])]:
+        summary["verdict"] = verdict(summary, reference, r.config["prompts"], vc)
     return {
         "format_version": FORMAT_VERSION,
         "source": r.source,
@@ -231,7 +252,7 @@ def summarize(r: Record) -> dict[str, Any]:
         "seed": r.seed,
         "versions": dict(r.versions),
         "buckets": [list(b) for b in r.buckets],
-        "reference": variant_summary(r.reference, None, r),
+        "reference": reference,
         "noise_floor": None if r.noise_floor is None else variant_summary(r.noise_floor, r.reference, r),
         "schemes": cands,
         "as_configured": as_configured,
@@ -246,5 +267,7 @@ def summarize(r: Record) -> dict[str, Any]:
             for name, t in THEORY.items()
         },
         "operands": {k: dict(v) for k, v in sorted(r.operands.items(), key=lambda kv: int(kv[0]))},
+        "tasks": _suite(r),
+        "verdict_config": vc.to_json(),
         "timings": dict(r.timings),
     }

@@ -25,11 +25,22 @@ from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.policy import decide_from_dir
 from mlaq.validate.capture import LayerInput, attention_output, capture_reference
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
+from mlaq.validate.flips import FlipReference, attention_flips, flip_reference
 from mlaq.validate.generation import generate
 from mlaq.validate.metrics import Buckets, BucketSums, PositionDivergence, divergence, relative_error_terms
 from mlaq.validate.progress import NullProgress, Progress
-from mlaq.validate.record import GenerationRecord, LayerRef, OpRecord, Record, SpecCounts, VariantRecord
+from mlaq.validate.record import (
+    GenerationRecord,
+    LayerRef,
+    OpRecord,
+    Record,
+    SpecCounts,
+    TaskScoreRecord,
+    VariantRecord,
+)
 from mlaq.validate.sources import common
+from mlaq.validate.tasks import run as tasks
+from mlaq.validate.tasks.haystack import Haystack
 from mlaq.validate.text import load_eval_text
 from mlaq.validate.theory import op_errors, operand_stats
 from mlaq.validate.variants import ModelPool, scheme_descriptions
@@ -47,6 +58,7 @@ class _Run:
     descriptions: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     per_token: dict[str, list[list[float]]] = field(default_factory=dict)
+    tasks: list[TaskScoreRecord] = field(default_factory=list)
 
     def freeze(self, decisions: list[dict]) -> VariantRecord:
         v = self.variant
@@ -62,6 +74,7 @@ class _Run:
             decisions=decisions if v.kind is VariantKind.AS_CONFIGURED else [],
             seconds=self.seconds,
             per_token=dict(self.per_token),
+            tasks=list(self.tasks),
         )
 
 
@@ -104,6 +117,17 @@ class EngineSource:
             seed=config.seed,
         )
         buckets = Buckets(context, min(config.buckets, context))
+        suite = samples = None
+        skipped: list[str] = []
+        if config.tasks is not None:  # drawn now: a bad length or haystack fails before the model work
+            suite = tasks.resolve(config.tasks, model_config.max_position_embeddings, str(config.model))
+            haystack = Haystack(str(data.path), data.tokens)
+            samples, skipped = tasks.draw(
+                suite,
+                haystack,
+                lambda text: tokenizer.encode(text, add_special_tokens=False),
+                explicit=config.tasks.lengths is not None,
+            )
         candidates = config.variants(reference)
         others = ([self.noise_floor] if self.noise_floor is not None else []) + list(candidates)
         runs = {v: _Run(v) for v in [reference, *others]}
@@ -115,11 +139,16 @@ class EngineSource:
             )
         timings = {"load_and_tokenize": time.perf_counter() - t0}
         windows = data.windows()
-        progress.begin(len(windows) * (1 + len(others)) + 1 + len(others))
+        task_variants = [reference, *candidates]  # the fp32 noise floor would need its own prefill
+        progress.begin(
+            len(windows) * (1 + len(others)) + 1 + len(others) + (len(task_variants) if samples else 0)
+        )
         ok = False
         try:
             t1 = time.perf_counter()
-            operands = _teacher_forced(pool, runs, reference, others, windows, buckets, progress)
+            operands = _teacher_forced(
+                pool, runs, reference, others, windows, buckets, progress, config.flip_rows
+            )
             timings["teacher_forced_and_per_layer"] = time.perf_counter() - t1
             t2 = time.perf_counter()
             prompts = data.prompts()
@@ -151,6 +180,12 @@ class EngineSource:
                 )
                 runs[v].seconds += time.perf_counter() - start
             timings["generation"] = time.perf_counter() - t2
+            if samples:
+                t3 = time.perf_counter()
+                scores = tasks.score(samples, suite, pool, task_variants, config.precision, progress)
+                for v, sc in scores.items():
+                    runs[v].tasks = sc
+                timings["tasks"] = time.perf_counter() - t3
             ok = True
         finally:
             progress.end(ok)
@@ -170,6 +205,9 @@ class EngineSource:
             operands={str(k): v for k, v in sorted(operands.items())},
             timings=timings,
             source=self.name,
+            tasks=None
+            if samples is None
+            else tasks.suite_record(suite, haystack, samples, skipped, timings.get("tasks", 0.0)),
         )
 
 
@@ -181,8 +219,10 @@ def _teacher_forced(
     windows: Sequence[torch.Tensor],
     buckets: Buckets,
     progress: Progress,
+    flip_rows: int = 0,
 ) -> dict[int, dict[str, float]]:
-    """Per window: capture under the reference, then every variant teacher-forced and per layer.
+    """Per window: capture under the reference, then every variant teacher-forced and per layer (with
+    the attention flips on ``flip_rows`` sampled query rows, for variants in the reference's dtype).
     Returns the first window's operand statistics per layer."""
     operands: dict[int, dict[str, float]] = {}
     ref_run = runs[reference]
@@ -201,6 +241,11 @@ def _teacher_forced(
                 operands[inp.layer] = operand_stats(ref_abs[inp.layer], inp)
                 ref_run.ops.append(_op(op_errors(ref_abs[inp.layer], ref_abs[inp.layer], inp)))
             ref_run.descriptions = scheme_descriptions(ref_model)
+        flip_refs = (
+            [flip_reference(ref_model, inp, ref_abs[inp.layer], flip_rows) for inp in window.layers]
+            if flip_rows
+            else []
+        )
         ref_run.seconds += time.perf_counter() - start
         for v in others:
             progress.step(f"{v.name}: teacher-forced window {w + 1}/{len(windows)}, per-layer attention")
@@ -213,6 +258,8 @@ def _teacher_forced(
                 runs[v].per_token.setdefault(name, []).append(values)
             del logits
             _add_layer_errors(runs[v], sums, model, window.layers)
+            if v.dtype == reference.dtype:
+                _add_flips(sums, model, flip_refs)
             if w == 0:
                 abs_v = _absorbed(model, window.layers)
                 runs[v].ops = [_op(op_errors(abs_v[i.layer], ref_abs[i.layer], i)) for i in window.layers]
@@ -244,6 +291,16 @@ def _add_layer_errors(
         sums.add(f"attn_diff2/{inp.layer}", inp.positions[0], diff2)
         sums.add(f"attn_ref2/{inp.layer}", inp.positions[0], ref2)
         run.layers[inp.layer] = inp.mtp
+
+
+def _add_flips(sums: BucketSums, model: torch.nn.Module, refs: Sequence[FlipReference]) -> None:
+    """Flip figures bucketed by the number of keys each row competes over (keys - 1 as a position)."""
+    for ref in refs:
+        f = attention_flips(model, ref)
+        where = (f.keys - 1).expand_as(f.flipped)  # (N, R)
+        sums.add(f"flip/{ref.layer}", where, f.flipped.double())
+        sums.add(f"tv/{ref.layer}", where, f.tv)
+        sums.add(f"flip_retrieval/{ref.layer}", where[f.retrieval], f.flipped[f.retrieval].double())
 
 
 def _absorbed(model: torch.nn.Module, layers: Sequence[LayerInput]) -> dict[int, AbsorbedWeights]:

@@ -25,6 +25,10 @@ from mlaq.validate.tasks.surface import Encode, distinct, identifier, line, numb
 _ATTEMPTS = 32
 
 
+class TooShort(ValueError):
+    """A length that cannot hold a task's facts, query and answer."""
+
+
 @dataclass(frozen=True)
 class TaskSample:
     """One sample: ``prompt`` then ``answer``, ``length`` tokens in all."""
@@ -132,7 +136,7 @@ def make_sample(
         fixed = sum(len(ids) for _, ids in draft.lines) + len(draft.query) + len(draft.answer)
         filler_len = length - fixed
         if filler_len < 0:
-            raise ValueError(
+            raise TooShort(
                 f"--lengths {length} is too short for task {task}: its facts, query and answer alone take "
                 f"{fixed} tokens; use lengths of at least {2 * fixed}"
             )

@@ -21,7 +21,9 @@ class Haystack:
 
     def __post_init__(self) -> None:
         if not self.tokens:
-            raise ValueError(f"haystack {self.name} is empty: give a text file with some content as --eval-text")
+            raise ValueError(
+                f"haystack {self.name} is empty: give a text file with some content as --eval-text"
+            )
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -45,7 +47,9 @@ class Haystack:
 def load_haystack(path: Path, encode) -> Haystack:
     """Tokenize the UTF-8 text at ``path`` with ``encode(text) -> ids``; clear errors for a bad file."""
     if not path.is_file():
-        raise FileNotFoundError(f"haystack text {path} not found; pass --eval-text PATH to an existing text file")
+        raise FileNotFoundError(
+            f"haystack text {path} not found; pass --eval-text PATH to an existing text file"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -61,7 +65,9 @@ def count(needle: Sequence[int], haystack: Sequence[int]) -> int:
     first = needle[0]
     target = list(needle)
     return sum(
-        1 for i in range(len(haystack) - n + 1) if haystack[i] == first and list(haystack[i : i + n]) == target
+        1
+        for i in range(len(haystack) - n + 1)
+        if haystack[i] == first and list(haystack[i : i + n]) == target
     )
 
 

@@ -35,7 +35,9 @@ def parse_ints(flag: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise ValueError(f"{flag}: expected comma-separated integers such as 512,1024, got {text!r}") from None
+        raise ValueError(
+            f"{flag}: expected comma-separated integers such as 512,1024, got {text!r}"
+        ) from None
     if not values or min(values) < 1:
         raise ValueError(f"{flag}: expected positive integers, got {text!r}")
     return tuple(sorted(set(values)))
@@ -46,12 +48,16 @@ def parse_depths(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise ValueError(f"--needle-depths: expected numbers in [0, 1] such as 0,0.5,1, got {text!r}") from None
+        raise ValueError(
+            f"--needle-depths: expected numbers in [0, 1] such as 0,0.5,1, got {text!r}"
+        ) from None
     if not values:
         raise ValueError("--needle-depths: give at least one depth in [0, 1]")
     for v in values:
         if not 0.0 <= v <= 1.0:
-            raise ValueError(f"--needle-depths: depth {v:g} is outside [0, 1] (0: start of the context, 1: end)")
+            raise ValueError(
+                f"--needle-depths: depth {v:g} is outside [0, 1] (0: start of the context, 1: end)"
+            )
     return tuple(sorted(set(values)))
 
 
@@ -67,7 +73,7 @@ class TaskConfig:
     """One run of the suite. ``samples`` per task and length; needle samples cycle through ``depths``."""
 
     tasks: tuple[str, ...] = TASK_NAMES
-    lengths: tuple[int, ...] = (512, 1024, 2048)
+    lengths: tuple[int, ...] | None = None  # None: default_lengths(the model's context)
     samples: int = 10
     depths: tuple[float, ...] = DEFAULT_DEPTHS
     seed: int = 0
@@ -85,20 +91,22 @@ class TaskConfig:
                 raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
         if self.samples < 1:
             raise ValueError(f"--task-samples must be at least 1, got {self.samples}")
-        if not self.lengths or min(self.lengths) < 1:
+        if self.lengths is not None and (not self.lengths or min(self.lengths) < 1):
             raise ValueError(f"--lengths must be positive token counts, got {self.lengths}")
         if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
             raise ValueError(f"--needle-depths must lie in [0, 1], got {self.depths}")
         if self.pairs < MIN_PAIRS:
             raise ValueError(f"multikey needs at least {MIN_PAIRS} key-value pairs, got {self.pairs}")
         if self.copy_tokens < MIN_COPY_TOKENS:
-            raise ValueError(f"copy needs a segment of at least {MIN_COPY_TOKENS} tokens, got {self.copy_tokens}")
+            raise ValueError(
+                f"copy needs a segment of at least {MIN_COPY_TOKENS} tokens, got {self.copy_tokens}"
+            )
         if self.hops < 2 or self.chains < 1 or self.batch_tokens < 1:
             raise ValueError("vartrack needs hops >= 2 and chains >= 1; batch_tokens must be >= 1")
 
     def check_context(self, max_context: int, model: str = "the model") -> None:
         """A length beyond the model's context is an error naming the maximum."""
-        too_long = [n for n in self.lengths if n > max_context]
+        too_long = [n for n in self.lengths or () if n > max_context]
         if too_long:
             raise ValueError(
                 f"--lengths {','.join(map(str, too_long))} exceed {model}'s context of {max_context} tokens "
