@@ -80,6 +80,11 @@ def make_checkpoint(out: Path, seed: int, logit_scale: float) -> Path:
         model.lm_head.weight.mul_(logit_scale)  # a random model is nearly flat: give choices margins
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    # what vLLM reads that transformers 5 leaves out (vLLM builds the router's correction bias only for
+    # noaux_tc); no MTP layer (transformers saves none)
+    config = json.loads((out / "config.json").read_text())
+    config.update(topk_method="noaux_tc", scoring_func="sigmoid", num_nextn_predict_layers=0)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(bundled / name, out / name)
     return out

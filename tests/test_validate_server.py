@@ -271,3 +271,24 @@ def test_decode_path_compares_generated_tokens_while_contexts_agree(text: Path) 
     # positions 1..f per prompt (all 11 when a generation never differs)
     assert d["n"] == sum(11 if f is None else f for f in firsts)
     assert d["kl_estimator"]["exact"] and d["kld"]["mean"] > 0
+
+
+def test_task_suite_through_servers(text: Path) -> None:
+    from mlaq.validate.tasks.spec import TaskConfig
+
+    tasks = TaskConfig(tasks=("needle", "vartrack"), lengths=(256,), samples=3)
+    with FakeServer(Behaviour(noise=0.5)) as a, FakeServer() as b:
+        r = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0), tasks=tasks))
+    assert r["tasks"]["samples"] == 6
+    table = _cand(r)["tasks"]
+    assert set(table) == {"needle", "vartrack"}
+    cell = table["needle"]["256"]
+    assert cell["n"] == 3 and 0.0 <= cell["accuracy"] <= 1.0
+    assert r["reference"]["tasks"]["needle"]["256"]["n"] == 3
+
+
+def test_tasks_need_a_live_reference(tmp_path: Path, text: Path) -> None:
+    from mlaq.validate.tasks.spec import TaskConfig
+
+    with pytest.raises(ValueError, match="need a live reference"):
+        _cfg("http://127.0.0.1:1", text, against=tmp_path / "x.json", tasks=TaskConfig())

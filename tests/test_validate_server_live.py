@@ -35,13 +35,20 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("live"))
 
 
-def _validate(a: str, b: str, ckpt: Path) -> dict:
+def _tasks():  # -> TaskConfig
+    from mlaq.validate.tasks.spec import TaskConfig
+
+    return TaskConfig(tasks=("needle", "vartrack"), lengths=(224,), samples=4)
+
+
+def _validate(a: str, b: str, ckpt: Path, tasks: object = None) -> dict:
     cfg = ServerValidateConfig(
         server=ClientConfig(a, retries=0),
         reference=ClientConfig(b, retries=0),
         eval_text=ckpt / "heldout.txt",
         logprobs=-1,
         concurrency=1,
+        tasks=tasks,  # type: ignore[arg-type]
         **SIZES,  # type: ignore[arg-type]
     )
     return run_server_validation(cfg)
@@ -71,6 +78,7 @@ def test_mxfp4_server_matches_local_validate(ckpt: Path) -> None:
                 eval_text=ckpt / "heldout.txt",
                 schemes=("mxfp4",),
                 num_speculative_tokens=0,
+                tasks=_tasks(),
                 **SIZES,
             ),
             noise_floor=None,
@@ -80,9 +88,19 @@ def test_mxfp4_server_matches_local_validate(ckpt: Path) -> None:
         serving(ckpt, {"quantization_config": MXFP4}, max_logprobs=-1) as a,
         serving(ckpt, max_logprobs=-1) as b,
     ):
-        r = _validate(a.url, b.url, ckpt)
+        r = _validate(a.url, b.url, ckpt, _tasks())
     (c,) = r["schemes"].values()
     lg = local["schemes"]["mxfp4"]["generation"]
+    # the same task samples, the same greedy exact-match accuracy (the engine decodes query + answer,
+    # the server prefills the query and decodes the answer: same scheme on every answer token but the
+    # first); the reference's answer log-probabilities agree to bf16 rounding (0.05 nats: prefill
+    # naive path on the server, absorbed decode path locally)
+    assert r["tasks"]["config"] == local["tasks"]["config"]
+    for task in ("needle", "vartrack"):
+        for side, lside in ((c, local["schemes"]["mxfp4"]), (r["reference"], local["reference"])):
+            assert side["tasks"][task]["224"]["accuracy"] == lside["tasks"][task]["224"]["accuracy"]
+        ref_lp = r["reference"]["tasks"][task]["224"]["logprob"]
+        assert abs(ref_lp - local["reference"]["tasks"][task]["224"]["logprob"]) < 0.05
     assert r["eval_text"]["window_starts"] == local["eval_text"]["window_starts"]
     assert r["eval_text"]["prompt_starts"] == local["eval_text"]["prompt_starts"]
     assert c["generation"]["first_divergence"] == lg["first_divergence"]

@@ -54,11 +54,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from mlaq.cli.validate import task_config, verdict_exit_code
     from mlaq.validate.progress import make_progress
     from mlaq.validate.report import report_json, write_report
     from mlaq.validate.server import ClientConfig, ServerValidateConfig
     from mlaq.validate.sources.server import run_server_validation
     from mlaq.validate.summary import print_summary
+    from mlaq.validate.verdict import VerdictConfig
 
     for dest, flag in _LOCAL_ONLY.items():
         if getattr(args, dest, None) not in (None, False):
@@ -88,12 +90,14 @@ def run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         ngram=args.ngram,
         seed=args.seed,
+        tasks=None if args.against else task_config(args),
     )
     if args.out:  # check --out before measuring: a bad path must not cost the run
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} exists and is not a directory")
-    report = run_server_validation(cfg, make_progress(not args.no_progress))
+    verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
+    report = run_server_validation(cfg, make_progress(not args.no_progress), verdicts)
     if args.json:
         sys.stdout.write(report_json(report))
     else:
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         paths = write_report(report, args.out)
         print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    return 0
+    return verdict_exit_code(report, args.fail_on)
 
 
 def _details(report: dict) -> list[str]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mlaq.validate import defaults as d
 from mlaq.validate.server.client import ClientConfig
+from mlaq.validate.tasks.spec import TaskConfig
 
 DEFAULT_LOGPROBS = 20  # vLLM's default --max-logprobs
 
@@ -31,6 +32,7 @@ class ServerValidateConfig:
     concurrency: int = 4
     ngram: int = d.NGRAM
     seed: int = 0
+    tasks: TaskConfig | None = None  # the long-context task suite (needs a live reference or none)
 
     def __post_init__(self) -> None:
         if self.reference is not None and self.against is not None:
@@ -53,6 +55,11 @@ class ServerValidateConfig:
             )
         if self.context_len is not None and self.context_len < 2:
             raise ValueError(f"--context-len must be at least 2 tokens, got {self.context_len}")
+        if self.tasks is not None and self.against is not None:
+            raise ValueError(
+                "the long-context tasks need a live reference (a recording holds no task answers): "
+                "pass --reference URL, or --tasks none with --against"
+            )
         if self.record is not None and self.against is not None and self.record == self.against:
             raise ValueError("--record and --against name the same file")
 

@@ -12,45 +12,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mlaq.validate.progress import NullProgress, Progress
+from mlaq.validate.server import tasks as server_tasks
 from mlaq.validate.server.client import Unsupported
 from mlaq.validate.server.config import ServerValidateConfig
-from mlaq.validate.server.protocol import Greedy, TeacherForced
+from mlaq.validate.server.protocol import Greedy
 from mlaq.validate.server.record import Recording, load_recording, save_recording
+from mlaq.validate.server.sides import Inputs, Side, Tokenizing
 from mlaq.validate.server.spec import counter_delta, per_request_stats, total
 from mlaq.validate.server.target import ServerTarget
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-@dataclass
-class Side:
-    """Everything measured on one side (a live server, or a recording)."""
-
-    identity: dict[str, Any]
-    windows: list[TeacherForced] | None = None
-    generations: list[Greedy] | None = None
-    acceptance: Any = None  # SpecDecodingStats | None
-    acceptance_source: str | None = None  # "per_request" | "metrics" | "recording"
-    seconds: dict[str, float] = field(default_factory=dict)
-    sample: str = ""  # the first prompt's completion, decoded
-    errors: dict[str, str] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Inputs:
-    windows: list[list[int]]
-    prompts: list[list[int]]
-    context_len: int
-    max_tokens: int
-    eval_text: dict[str, Any]
-    prompt_sample: str = ""
 
 
 def _pmap(fn: Callable[[T], R], items: Sequence[T], n: int, progress: Progress, label: str) -> list[R]:
@@ -74,6 +50,7 @@ class Sides:
     reference: Side | None  # a live server, a recording, or None (the candidate alone)
     inputs: Inputs
     seconds: float
+    suite: Any = None  # TaskSuiteRecord when the task suite ran
 
 
 def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -> Sides:
@@ -92,13 +69,21 @@ def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -
         targets = [(cand, Side(ident.to_json()))]
         if ref is not None and ref_ident is not None:
             targets.append((ref, Side(ref_ident.to_json())))
-        progress.begin((len(inputs.windows) + len(inputs.prompts)) * len(targets))
+        suite = None
+        if cfg.tasks is not None:
+            limits = [m for m in (ident.max_model_len, ref_ident.max_model_len if ref_ident else None) if m]
+            suite = server_tasks.draw_samples(cfg, inputs, cand, min(limits) if limits else None)
+        n_tasks = 2 * len(suite.samples) if suite is not None else 0
+        progress.begin((len(inputs.windows) + len(inputs.prompts) + n_tasks) * len(targets))
         ok = False
         try:
             for target, side in targets:
                 _teacher_forced(cfg, target, side, inputs, progress)
             for target, side in targets:
                 _generate(cfg, target, side, inputs, progress)
+            if suite is not None:
+                for target, side in targets:
+                    server_tasks.score(cfg, suite, target, side, progress)
             ok = True
         finally:
             progress.end(ok)
@@ -113,7 +98,8 @@ def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -
     reference = targets[1][1] if len(targets) > 1 else _recorded_side(recorded) if recorded else None
     if cfg.record is not None:
         _record(cfg, candidate, inputs)
-    return Sides(candidate, reference, inputs, time.perf_counter() - t0)
+    record = None if suite is None else suite.record()
+    return Sides(candidate, reference, inputs, time.perf_counter() - t0, record)
 
 
 def _inputs(
@@ -143,7 +129,7 @@ def _inputs(
     path = cfg.eval_text or default_eval_text(bundled_model_dir())
     data = load_eval_text(
         path,
-        _Tokenizing(cand, cfg.tokenizer),
+        Tokenizing(cand, cfg.tokenizer),
         context_len=context,
         windows=cfg.windows,
         prompts=cfg.prompts,
@@ -155,7 +141,8 @@ def _inputs(
         data.prompts(),
         context,
         cfg.max_tokens,
-        {
+        text_tokens=data.tokens,
+        eval_text={
             "path": str(path),
             "sha256": data.sha256,
             "bytes": data.num_bytes,
@@ -164,33 +151,6 @@ def _inputs(
             "prompt_starts": list(data.prompt_starts),
         },
     )
-
-
-class _Tokenizing:
-    """``encode`` for load_eval_text: the local --tokenizer when given (exact, as local validate), else
-    the server's /tokenize over line-aligned chunks (a long text in one request may exceed the
-    server's limits)."""
-
-    CHUNK = 8192  # characters
-
-    def __init__(self, target: ServerTarget, local: Path | None) -> None:
-        self.target, self.local = target, local
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        if self.local is not None:
-            from mlaq.engine.tokenizer import Tokenizer
-
-            p = self.local
-            return Tokenizer.from_dir(p.parent if p.name == "tokenizer.json" else p).encode(text, False)
-        chunks, start = [], 0
-        while start < len(text):
-            end = text.find("\n", start + self.CHUNK)
-            end = len(text) if end < 0 else end + 1
-            chunks.append(text[start:end])
-            start = end
-        with ThreadPoolExecutor(max_workers=4) as ex:
-            parts = list(ex.map(self.target.tokenize, chunks))
-        return [t for part in parts for t in part]
 
 
 def _teacher_forced(

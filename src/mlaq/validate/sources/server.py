@@ -19,7 +19,8 @@ from mlaq.validate.progress import NullProgress, Progress
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, VariantRecord
 from mlaq.validate.server.compare import decode_values, window_values
 from mlaq.validate.server.config import ServerValidateConfig
-from mlaq.validate.server.measure import Side, measure_sides
+from mlaq.validate.server.measure import measure_sides
+from mlaq.validate.server.sides import Side
 from mlaq.validate.sources import common
 
 
@@ -75,6 +76,7 @@ class ServerSource:
             operands={},
             timings={**{f"{k} (candidate)": v for k, v in cand.seconds.items()}, "total": sides.seconds},
             source=self.name,
+            tasks=sides.suite,
         )
 
 
@@ -140,11 +142,15 @@ def _variant(
         generation=gen,
         seconds=sum(side.seconds.values()),
         per_token=per_token,
+        tasks=list(side.tasks or []),
     )
 
 
-def run_server_validation(config: ServerValidateConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run_server_validation(
+    config: ServerValidateConfig, progress: Progress | None = None, verdicts: Any = None
+) -> dict[str, Any]:
     """Measure the servers and summarize: the report dict (what ``--json`` prints)."""
     from mlaq.validate.stats import summarize
 
-    return summarize(ServerSource(config).measure(progress))
+    record = ServerSource(config).measure(progress)
+    return summarize(record) if verdicts is None else summarize(record, verdicts)
