@@ -122,17 +122,17 @@ def format_kld_statistics(stats: dict[str, Any]) -> list[str]:
     k, dp, st = stats["kld"], stats["delta_p"], stats["same_top_p"]
     lines = [f"Mean    KLD: {k['mean']:10.6f} ± {k['uncertainty']:10.6f}", f"Maximum KLD: {k['max']:10.6f}"]
     for f in KLD_QUANTILES[:4]:
-        lines.append(f"{_label(f) + '%':<7} KLD: {k['quantiles'][_label(f)]:10.6f}")
+        lines.append(f"{100 * f:4.1f}%   KLD: {k['quantiles'][_label(f)]:10.6f}")
     lines.append(f"Median  KLD: {k['median']:10.6f}")
     for f in KLD_QUANTILES[4:]:
-        lines.append(f"{_label(f) + '%':>5}   KLD: {k['quantiles'][_label(f)]:10.6f}")
+        lines.append(f"{100 * f:4.1f}%   KLD: {k['quantiles'][_label(f)]:10.6f}")
     lines.append(f"Minimum KLD: {k['min']:10.6f}")
     lines.append(f"Mean    Δp: {100 * dp['mean']:6.3f} ± {100 * dp['uncertainty']:5.3f} %")
     lines.append(f"Maximum Δp: {100 * dp['max']:6.3f}%")
     for f in DELTA_P_QUANTILES:
         if f == 0.25:
             lines.append(f"Median  Δp: {100 * dp['median']:6.3f}%")
-        lines.append(f"{_label(f) + '%':>5}   Δp: {100 * dp['quantiles'][_label(f)]:6.3f}%")
+        lines.append(f"{100 * f:4.1f}%   Δp: {100 * dp['quantiles'][_label(f)]:6.3f}%")
     lines.append(f"Minimum Δp: {100 * dp['min']:6.3f}%")
     lines.append(f"RMS Δp    : {100 * dp['rms']:6.3f} ± {100 * dp['rms_uncertainty']:5.3f} %")
     lines.append(f"Same top p: {100 * st['value']:6.3f} ± {100 * st['standard_error']:5.3f} %")

@@ -54,6 +54,19 @@ def _header(r: dict[str, Any]) -> list[str]:
 
 def _summary(r: dict[str, Any]) -> list[str]:
     n = r["config"]["ngram"]
+    if r.get("source") == "server":
+        return [
+            "## Summary",
+            "",
+            format_markdown(r),
+            "",
+            "- **KL / top-1 / ΔNLL**: teacher-forced through the servers' prompt log-probabilities (the "
+            "prefill path), KL estimated from the top-k log-probabilities (see below); "
+            f"**1st diff**, **rep. {n}-gram**: greedy generation; **accept / mean len**: MTP "
+            "acceptance as vLLM computes it. Per-layer and per-op errors need the weights: run local "
+            "`mlaq validate` on the checkpoint for those.",
+            "",
+        ]
     return [
         "## Summary",
         "",
@@ -208,7 +221,8 @@ def _by_bucket(r: dict[str, Any]) -> list[str]:
         ("top1_agreement_by_bucket", "Top-1 agreement (%) by position", "pct"),
     ):
         body = [[label, *(_fmt_bucket(x, kind) for x in v[key])] for label, v in variants(r) if key in v]
-        lines += [f"### {title}", "", *_table(["scheme", *buckets], body), ""]
+        if body:  # a server run has no attention error
+            lines += [f"### {title}", "", *_table(["scheme", *buckets], body), ""]
     return lines
 
 

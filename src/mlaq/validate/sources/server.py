@@ -37,12 +37,10 @@ class ServerSource:
         buckets = Buckets(inputs.context_len, min(cfg.buckets, inputs.context_len))
         candidates: list[VariantRecord] = []
         if ref is None:  # the server alone (e.g. while recording): it is the reference of its report
-            reference = _variant(cand, "server", "reference", buckets)
+            reference = _variant(cand, _name(cand), "reference", buckets)
         else:
-            reference = _variant(ref, "reference", "reference", buckets)
-            candidates.append(
-                _variant(cand, cand.identity.get("model") or "candidate", "scheme", buckets, ref)
-            )
+            reference = _variant(ref, _name(ref), "reference", buckets)
+            candidates.append(_variant(cand, _name(cand), "scheme", buckets, ref))
         spec = next((s.acceptance for s in (cand, ref) if s is not None and s.acceptance is not None), None)
         return Record(
             model=_model(cfg, cand, ref),
@@ -78,6 +76,13 @@ class ServerSource:
             source=self.name,
             tasks=sides.suite,
         )
+
+
+def _name(side: Side) -> str:
+    """The row label: served model @ host:port (or "recording")."""
+    ident = side.identity
+    where = "recording" if ident.get("recording") else str(ident.get("url", "")).split("://")[-1]
+    return f"{ident.get('model')} @ {where}"
 
 
 def _model(cfg: ServerValidateConfig, cand: Side, ref: Side | None) -> dict[str, Any]:
