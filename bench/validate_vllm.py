@@ -154,6 +154,7 @@ def validate(out: Path, step: str, args: argparse.Namespace, *extra: str) -> dic
     cmd += ["--context-len", str(args.context_len), "--windows", str(args.windows), "--buckets", "4"]
     cmd += ["--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len)]
     cmd += ["--max-tokens", str(args.max_tokens), "--concurrency", "2", "--timeout", "900"]
+    cmd += ["--tasks", args.tasks, "--lengths", args.lengths, "--task-samples", str(args.task_samples)]
     cmd += ["--out", str(out / step), "--no-progress"]
     print("$", " ".join(cmd[2:]), flush=True)
     start = time.monotonic()
@@ -202,6 +203,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logit-scale", type=float, default=8.0)
     p.add_argument("--steps", default="parity,vllm-fp8,mlaq-fp8")
+    p.add_argument("--tasks", default="needle,vartrack", help="'none' to skip (not with --against)")
+    p.add_argument("--lengths", default="512")
+    p.add_argument("--task-samples", type=int, default=4)
     args = p.parse_args()
     if subprocess.run([args.vllm_python, "-c", "import vllm"], capture_output=True).returncode != 0:
         print(f"vLLM is not importable with {args.vllm_python}: skipped", file=sys.stderr)
