@@ -6,7 +6,7 @@ with DeepSeek-V3's MLA geometry, and vLLM's own online FP8 kv_b_proj A/B next to
 Runs, on 127.0.0.1 ephemeral ports, each server started here and stopped at the end:
 1. parity: ``vllm serve CKPT`` (bf16) against ``mlaq serve CKPT`` (bf16) -> the bf16 noise floor of two
    correct engines; the vLLM side is recorded (``--record``) as the reference of step 2;
-2. vLLM's online FP8: ``vllm serve CKPT --quantization-config '{"targets": {"re:.*kv_b_proj":
+2. vLLM's online FP8: ``vllm serve CKPT --quantization online --quantization-config '{"targets": {"re:.*kv_b_proj":
    "fp8_per_channel"}}'`` against the recorded vLLM bf16 run (``--against``);
 3. mlaq's own: ``mlaq serve CKPT`` with the same --quantization-config against ``mlaq serve`` bf16.
 Each step writes report.md / report.json under OUT_DIR/<step>/; a summary goes to OUT_DIR/summary.json.
@@ -231,7 +231,8 @@ def main() -> int:
             summary["steps"]["parity"] = figures(r)
             vb.stop()
         if "vllm-fp8" in steps and record.is_file():
-            vf = vllm_server(args.vllm_python, ckpt, out, "vllm-fp8", args, "--quantization-config", FP8)
+            online = ("--quantization", "online", "--quantization-config", FP8)
+            vf = vllm_server(args.vllm_python, ckpt, out, "vllm-fp8", args, *online)
             servers.append(vf)
             vf.wait(900)
             r = validate(out, "vllm-fp8", args, "--server", vf.url, "--against", str(record))

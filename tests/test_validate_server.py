@@ -124,6 +124,7 @@ def test_recorded_reference_matches_the_live_one(text: Path, tmp_path: Path, suf
         later = run_server_validation(_cfg(a, text, against=rec))
     for key in ("kl", "top1_agreement", "nll_delta"):
         assert _cand(later)[key] == pytest.approx(_cand(live)[key], rel=1e-12)
+    assert _cand(later)["decode"] == _cand(live)["decode"] and _cand(later)["decode"]["n"] > 0
     gen = _cand(later)["generation"]
     assert gen == {**_cand(live)["generation"], "seconds": gen["seconds"]}
     assert later["reference"]["mean_acceptance_length"] == live["reference"]["mean_acceptance_length"]

@@ -227,7 +227,8 @@ def _recorded_side(rec: Recording) -> Side:
         )
     side = Side({**rec.header["identity"], "recording": True})
     side.windows = list(rec.windows) or None
-    side.generations = [Greedy(g, None) for g in rec.generations]
+    tops = rec.generation_tops or (None,) * len(rec.generations)
+    side.generations = [Greedy(g, None, top=t) for g, t in zip(rec.generations, tops, strict=True)]
     side.acceptance, side.acceptance_source = stats, "recording" if stats else None
     return side
 
@@ -262,5 +263,6 @@ def _record(cfg: ServerValidateConfig, side: Side, inputs: Inputs) -> None:
             tuple(side.windows),
             tuple(map(tuple, inputs.prompts)),
             tuple(g.tokens for g in side.generations),
+            tuple(g.top for g in side.generations),
         ),
     )

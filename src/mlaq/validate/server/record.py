@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,26 +31,31 @@ class Recording:
     windows: tuple[TeacherForced, ...]
     prompts: tuple[tuple[int, ...], ...]
     generations: tuple[tuple[int, ...], ...]
+    # per generation, the top-k maps of its tokens (the decode-path comparison), or None
+    generation_tops: tuple[tuple[dict[int, float], ...] | None, ...] = ()
 
 
-def _top_arrays(tf: TeacherForced) -> tuple[np.ndarray, np.ndarray]:
-    """(T-1, K) ids (-1 padded) and log-probs (-inf padded), each row sorted by log-prob."""
-    width = max((len(d) for d in tf.top), default=0)
-    ids = np.full((len(tf.top), width), -1, dtype=np.int64)
-    lps = np.full((len(tf.top), width), -np.inf, dtype=np.float64)
-    for i, d in enumerate(tf.top):
+def _top_arrays(top: tuple[dict[int, float], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(N, K) ids (-1 padded) and log-probs (-inf padded), each row sorted by log-prob."""
+    width = max((len(d) for d in top), default=0)
+    ids = np.full((len(top), width), -1, dtype=np.int64)
+    lps = np.full((len(top), width), -np.inf, dtype=np.float64)
+    for i, d in enumerate(top):
         items = sorted(d.items(), key=lambda kv: -kv[1])
         ids[i, : len(items)] = [k for k, _ in items]
         lps[i, : len(items)] = [v for _, v in items]
     return ids, lps
 
 
-def _from_arrays(tokens: Sequence[int], lp: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> TeacherForced:
-    top = tuple(
+def _maps(ids: np.ndarray, lps: np.ndarray) -> tuple[dict[int, float], ...]:
+    return tuple(
         {int(i): float(v) for i, v in zip(row_i, row_v, strict=True) if i >= 0}
         for row_i, row_v in zip(ids, lps, strict=True)
     )
-    return TeacherForced(tuple(int(t) for t in tokens), lp.astype(np.float64), top)
+
+
+def _from_arrays(tokens: Sequence[int], lp: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> TeacherForced:
+    return TeacherForced(tuple(int(t) for t in tokens), lp.astype(np.float64), _maps(ids, lps))
 
 
 def save_recording(path: Path, rec: Recording) -> None:
@@ -57,7 +63,7 @@ def save_recording(path: Path, rec: Recording) -> None:
     header = {"magic": _MAGIC, "version": RECORD_VERSION, **rec.header}
     arrays: dict[str, np.ndarray] = {}
     for w, tf in enumerate(rec.windows):
-        ids, lps = _top_arrays(tf)
+        ids, lps = _top_arrays(tf.top)
         arrays[f"window.{w}.tokens"] = np.array(tf.tokens, dtype=np.int64)
         arrays[f"window.{w}.token_logprobs"] = tf.token_logprobs
         arrays[f"window.{w}.top_ids"] = ids
@@ -65,6 +71,9 @@ def save_recording(path: Path, rec: Recording) -> None:
     for p, (prompt, gen) in enumerate(zip(rec.prompts, rec.generations, strict=True)):
         arrays[f"prompt.{p}"] = np.array(prompt, dtype=np.int64)
         arrays[f"generation.{p}"] = np.array(gen, dtype=np.int64)
+        top = rec.generation_tops[p] if p < len(rec.generation_tops) else None
+        if top is not None:
+            arrays[f"generation.{p}.top_ids"], arrays[f"generation.{p}.top_logprobs"] = _top_arrays(top)
     header["windows"], header["prompts"] = len(rec.windows), len(rec.prompts)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -124,11 +133,17 @@ def load_recording(path: Path) -> Recording:
     )
     prompts = tuple(tuple(int(t) for t in arrays[f"prompt.{p}"]) for p in range(header["prompts"]))
     gens = tuple(tuple(int(t) for t in arrays[f"generation.{p}"]) for p in range(header["prompts"]))
-    return Recording(header, windows, prompts, gens)
+    tops = tuple(
+        _maps(arrays[f"generation.{p}.top_ids"], arrays[f"generation.{p}.top_logprobs"])
+        if f"generation.{p}.top_ids" in arrays
+        else None
+        for p in range(header["prompts"])
+    )
+    return Recording(header, windows, prompts, gens, tops)
 
 
 def _from_json(v: Any, key: str) -> np.ndarray:
-    if key.endswith(("tokens", "top_ids")) or key.startswith(("prompt.", "generation.")):
+    if key.endswith(("tokens", "top_ids")) or re.fullmatch(r"(prompt|generation)\.\d+", key):
         return np.array(v, dtype=np.int64)
     if key.endswith("top_logprobs"):
         v = [[-np.inf if x is None else x for x in row] for row in v]
