@@ -253,6 +253,7 @@ def test_cli_json_and_report(text: Path, tmp_path: Path, capsys: pytest.CaptureF
         (["--reference", "http://127.0.0.1:1"], "--reference needs --server URL"),
         (["--server", "http://127.0.0.1:1", "--schemes", "mxfp4"], "--schemes is for local validation"),
         (["--server", "localhost:8000"], "must start with http://"),
+        (["--server", "http://127.0.0.1:1", "--retries", "0"], "cannot connect to http://127.0.0.1:1"),
     ],
 )
 def test_cli_bad_combinations(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
