@@ -8,7 +8,8 @@ Runs, on 127.0.0.1 ephemeral ports, each server started here and stopped at the 
    correct engines; the vLLM side is recorded (``--record``) as the reference of step 2;
 2. vLLM's online FP8: ``vllm serve CKPT --quantization online --quantization-config '{"targets": {"re:.*kv_b_proj":
    "fp8_per_channel"}}'`` against the recorded vLLM bf16 run (``--against``);
-3. mlaq's own: ``mlaq serve CKPT`` with the same --quantization-config against ``mlaq serve`` bf16.
+3. mlaq's own: ``mlaq serve CKPT`` with the same --quantization-config against ``mlaq serve`` bf16;
+4. the yardstick: ``mlaq serve CKPT --dtype float32`` against ``mlaq serve`` bf16 (bf16's noise floor).
 Each step writes report.md / report.json under OUT_DIR/<step>/; a summary goes to OUT_DIR/summary.json.
 
 The checkpoint: a random DeepSeek-V3 (hidden 256, 4 layers, first dense, 8 experts top-2, q_lora 128,
@@ -202,7 +203,7 @@ def main() -> int:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logit-scale", type=float, default=8.0)
-    p.add_argument("--steps", default="parity,vllm-fp8,mlaq-fp8")
+    p.add_argument("--steps", default="parity,vllm-fp8,mlaq-fp8,mlaq-fp32")
     p.add_argument("--tasks", default="needle,vartrack", help="'none' to skip (not with --against)")
     p.add_argument("--lengths", default="512")
     p.add_argument("--task-samples", type=int, default=4)
@@ -215,6 +216,8 @@ def main() -> int:
     ckpt = make_checkpoint(out / "ckpt", args.seed, args.logit_scale)
     steps = args.steps.split(",")
     summary: dict = {"checkpoint": str(ckpt), "geometry": GEOMETRY, "steps": {}}
+    if (out / "summary.json").is_file():  # steps run earlier into the same OUT_DIR are kept
+        summary["steps"] = json.loads((out / "summary.json").read_text()).get("steps", {})
     servers: list[Server] = []
     try:
         ref = mlaq_server(ckpt, out, "mlaq-bf16", args)
@@ -245,6 +248,13 @@ def main() -> int:
             ref.wait(300)
             r = validate(out, "mlaq-fp8", args, "--server", mf.url, "--reference", ref.url)
             summary["steps"]["mlaq-fp8"] = figures(r)
+        if "mlaq-fp32" in steps:  # the yardstick: the bf16 noise floor of one engine against itself
+            m32 = mlaq_server(ckpt, out, "mlaq-fp32", args, "--dtype", "float32")
+            servers.append(m32)
+            m32.wait(300)
+            ref.wait(300)
+            r = validate(out, "mlaq-fp32", args, "--server", m32.url, "--reference", ref.url)
+            summary["steps"]["mlaq-fp32"] = figures(r)
     finally:
         for s in servers:
             s.stop()
