@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mlaq.validate.report_sections import decode_section, kld_section, server_header, server_notes
+from mlaq.validate import report_sections as sections
 from mlaq.validate.summary import caption, format_markdown, variants
 
 PLOTS = {
@@ -55,18 +55,7 @@ def _header(r: dict[str, Any]) -> list[str]:
 def _summary(r: dict[str, Any]) -> list[str]:
     n = r["config"]["ngram"]
     if r.get("source") == "server":
-        return [
-            "## Summary",
-            "",
-            format_markdown(r),
-            "",
-            "- **KL / top-1 / ΔNLL**: teacher-forced through the servers' prompt log-probabilities (the "
-            "prefill path), KL estimated from the top-k log-probabilities (see below); "
-            f"**1st diff**, **rep. {n}-gram**: greedy generation; **accept / mean len**: MTP "
-            "acceptance as vLLM computes it. Per-layer and per-op errors need the weights: run local "
-            "`mlaq validate` on the checkpoint for those.",
-            "",
-        ]
+        return sections.server_summary(r)
     return [
         "## Summary",
         "",
@@ -306,11 +295,12 @@ def _decisions(r: dict[str, Any]) -> list[str]:
 def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     """The whole report.md."""
     if r.get("source") == "server":  # no weights: no arithmetic, per-op or per-layer figures
-        lines = server_header(r) + _summary(r) + server_notes(r) + decode_section(r) + kld_section(r)
+        lines = sections.server_header(r) + _summary(r) + sections.server_notes(r)
+        lines += sections.decode_section(r) + sections.kld_section(r)
         lines += _by_bucket(r)
     else:
         lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
-        lines += kld_section(r)
+        lines += sections.kld_section(r)
     lines += _acceptance(r) + _generation(r) + _decisions(r)
     if plots:
         lines += ["## Plots", ""] + [f"![{PLOTS.get(p, p)}]({p})" for p in plots] + [""]

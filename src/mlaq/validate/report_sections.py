@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlaq.validate.kld import format_kld_statistics
-from mlaq.validate.summary import caption, variants
+from mlaq.validate.summary import caption, format_markdown, variants
 
 
 def _table(head: list[str], body: list[list[str]]) -> list[str]:
@@ -48,6 +48,23 @@ def server_header(r: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def server_summary(r: dict[str, Any]) -> list[str]:
+    """The summary table of a server run and what its columns mean there."""
+    n = r["config"]["ngram"]
+    return [
+        "## Summary",
+        "",
+        format_markdown(r),
+        "",
+        "- **KL / top-1 / ΔNLL**: teacher-forced through the servers' prompt log-probabilities (the "
+        "prefill path), KL estimated from the top-k log-probabilities (see below); "
+        f"**1st diff**, **rep. {n}-gram**: greedy generation; **accept / mean len**: MTP "
+        "acceptance as vLLM computes it. Per-layer and per-op errors need the weights: run local "
+        "`mlaq validate` on the checkpoint for those.",
+        "",
+    ]
 
 
 def server_notes(r: dict[str, Any]) -> list[str]:
