@@ -128,3 +128,15 @@ def test_mtp_acceptance_per_request_equals_the_metrics_deltas(ckpt: Path) -> Non
     keys = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
     assert per_request["reference"]["num_drafts"] > 0
     assert {k: per_request["reference"][k] for k in keys} == {k: scraped["reference"][k] for k in keys}
+
+
+def test_api_key(ckpt: Path) -> None:
+    from mlaq.validate.server import ServerError
+
+    with serving(ckpt, api_key="sekret") as a:
+        base = dict(eval_text=ckpt / "heldout.txt", concurrency=1, **SIZES)
+        with pytest.raises(ServerError, match=r"HTTP 401.*pass the server's key with --api-key"):
+            run_server_validation(ServerValidateConfig(server=ClientConfig(a.url, retries=0), **base))  # type: ignore[arg-type]
+        keyed = ClientConfig(a.url, api_key="sekret", retries=0)
+        r = run_server_validation(ServerValidateConfig(server=keyed, **base))  # type: ignore[arg-type]
+    assert r["reference"]["generation"]["repeated_ngram_share"] >= 0.0
