@@ -28,11 +28,11 @@ def kept(params: SamplingParams, probs: list[float]) -> set[int]:
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
         ({"min_p": 1.1}, r"min_p must be in \[0, 1\]"),
-        ({"max_tokens": 0}, "max_tokens must be at least 1"),
+        ({"max_tokens": -1}, "max_tokens must be at least 0"),
         ({"seed": 1.5}, "seed must be an integer"),
         ({"stop": ["ok", ""]}, "stop must be"),
         ({"stop_token_ids": [3, -1]}, "stop_token_ids must be non-negative"),
-        ({"logprobs": -1}, "logprobs must be non-negative"),
+        ({"logprobs": -2}, "logprobs must be non-negative"),
         ({"temperature": float("nan")}, "temperature must be non-negative"),
     ],
 )

@@ -115,6 +115,7 @@ def test_bundled_model_smoke(mlaq_cli) -> None:
     except FileNotFoundError:
         pytest.skip("the bundled mlaq-tiny asset is not in this checkout")
     args = ["--context-len", "256", "--windows", "1", "--prompts", "1", "--prompt-len", "64"]
+    args += ["--tasks", "needle", "--lengths", "512", "--task-samples", "1"]
     res = mlaq_cli("validate", "--schemes", "mxfp4", *args, "--max-tokens", "8", "--json", "--no-progress")
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("mlaq.cli.explain", "show which BMM scheme each MLA layer's kv_b_proj gets, and why"),
     "validate": ("mlaq.cli.validate", "measure what re-quantizing MLA's absorbed BMMs costs against bf16"),
     "generate": ("mlaq.cli.generate", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
+    "serve": ("mlaq.cli.serve", "an OpenAI-compatible server (vLLM's flags, wire format and metrics)"),
 }
 
 

@@ -26,7 +26,10 @@ _SIZES = (
     ("--prompt-len", "prompt_len", d.PROMPT_LEN, "prompt length in tokens"),
     ("--max-tokens", "max_tokens", d.MAX_TOKENS, "tokens generated per prompt"),
     ("--ngram", "ngram", d.NGRAM, "n of the repeated n-gram share"),
+    ("--flip-rows", "flip_rows", d.FLIP_ROWS, "query rows per window and layer for the attention flip rate"),
+    ("--task-samples", "task_samples", d.TASK_SAMPLES, "long-context task samples per task and length"),
 )
+_ALL_TASKS = "needle,multikey,copy,vartrack"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +69,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-text", metavar="PATH", help="evaluation text (default: MODEL/heldout.txt)")
     for flag, dest, default, help_text in _SIZES:
         parser.add_argument(flag, dest=dest, type=int, default=default, metavar="N", help=help_text)
-    parser.add_argument("--seed", type=int, default=0, help="chooses windows and prompts (default 0)")
+    parser.add_argument(
+        "--tasks",
+        default=_ALL_TASKS,
+        metavar="LIST",
+        help=f"long-context tasks, comma-separated (default {_ALL_TASKS}; 'none': skip the suite)",
+    )
+    parser.add_argument(
+        "--lengths",
+        metavar="N,N,...",
+        help="task lengths in tokens (default: 512,1024,2048,4096 up to the model's context)",
+    )
+    parser.add_argument(
+        "--needle-depths", metavar="D,D,...", help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=["degraded", "inconclusive"],
+        help="exit 1 when a scheme's verdict is degraded (or, with 'inconclusive', not ok)",
+    )
+    parser.add_argument(
+        "--max-drop",
+        type=float,
+        default=0.05,
+        metavar="X",
+        help="accuracy drop a run must be able to detect for an 'ok' verdict (default 0.05)",
+    )
+    parser.add_argument(
+        "--max-kl", type=float, default=0.01, metavar="NATS", help="mean KL above this is degraded (0.01)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="chooses windows, prompts and task samples (default 0)"
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1; 0: torch's default)"
     )
@@ -75,6 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", action="store_true", help="print one JSON object on stdout instead of the table"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    from mlaq.cli import validate_server
+
+    validate_server.add_arguments(parser)
 
 
 def _schemes(values: list[str] | None, as_configured: bool) -> tuple[str, ...]:
@@ -111,6 +148,24 @@ def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported l
         num_speculative_tokens=args.num_speculative_tokens,
         ngram=args.ngram,
         seed=args.seed,
+        tasks=task_config(args),
+        flip_rows=args.flip_rows,
+    )
+
+
+def task_config(args: argparse.Namespace):  # -> TaskConfig | None
+    from mlaq.validate.tasks.spec import DEFAULT_DEPTHS, TaskConfig, parse_depths, parse_ints, parse_tasks
+
+    depths = parse_depths(args.needle_depths) if args.needle_depths is not None else DEFAULT_DEPTHS
+    lengths = parse_ints("--lengths", args.lengths) if args.lengths is not None else None
+    if args.tasks.strip() == "none":
+        return None
+    return TaskConfig(
+        tasks=parse_tasks(args.tasks),
+        lengths=lengths,
+        samples=args.task_samples,
+        depths=depths,
+        seed=args.seed,
     )
 
 
@@ -121,9 +176,18 @@ def run(args: argparse.Namespace) -> int:
 
     from mlaq.validate.progress import make_progress
     from mlaq.validate.report import report_json, write_report
-    from mlaq.validate.runner import run_validation
+    from mlaq.validate.runner import measure
+    from mlaq.validate.stats import summarize
     from mlaq.validate.summary import print_summary
+    from mlaq.validate.verdict import VerdictConfig
 
+    if getattr(args, "server", None):
+        from mlaq.cli import validate_server
+
+        return validate_server.run(args)
+    for flag in ("reference", "against", "record"):
+        if getattr(args, flag, None):
+            raise ValueError(f"--{flag} needs --server URL")
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0, got {args.threads}")
     config = config_from_args(args)
@@ -131,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--eval-text {config.eval_text}: no such file")
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run_validation(config, progress=make_progress(not args.no_progress))
+    verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
+    report = summarize(measure(config, progress=make_progress(not args.no_progress)), verdicts)
     if args.out:
         paths = write_report(report, args.out)
         print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
@@ -139,4 +204,20 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(report_json(report))
     else:
         print_summary(report)
-    return 0
+    return verdict_exit_code(report, args.fail_on)
+
+
+def verdict_exit_code(report: dict, fail_on: str | None) -> int:
+    """0, or 1 when ``--fail-on`` names a verdict some scheme reached (the failing ones on stderr)."""
+    import sys
+
+    if fail_on is None:
+        return 0
+    failing = {"degraded": {"degraded"}, "inconclusive": {"degraded", "inconclusive"}}[fail_on]
+    bad = []
+    for name, v in [*report["schemes"].items(), ("as-configured", report.get("as_configured"))]:
+        if v is not None and v["verdict"]["verdict"] in failing:
+            bad.append(f"{name}: {v['verdict']['verdict']}")
+    if bad:
+        print(f"mlaq validate: --fail-on {fail_on}: {'; '.join(bad)}", file=sys.stderr)
+    return 1 if bad else 0

@@ -38,11 +38,12 @@ class IncrementalDetokenizer:
         self._sent = 0  # characters already returned by next_delta
         self._holdback = 0 if params.include_stop_str_in_output else max(params.max_stop_len - 1, 0)
 
-    def add_token(self, token_id: int, skip_text: bool = False) -> bool:
+    def add_token(self, token_id: int, skip_text: bool = False, check_stop: bool = True) -> bool:
         """Append one generated token; True when it completed a stop string (generation must end).
 
         ``skip_text``: the token stops generation itself (EOS or a stop token id) and, as in vLLM,
-        its text is not added to the output unless ``include_stop_str_in_output``.
+        its text is not added to the output unless ``include_stop_str_in_output``. ``check_stop``
+        False: the text grows but no stop string can end it yet (vLLM's min_tokens).
         """
         if self.stop_reason is not None:
             raise ValueError("this request already stopped; no more tokens can be added")
@@ -57,7 +58,7 @@ class IncrementalDetokenizer:
         new_text = full[len(prefix) :]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         self.output_text += new_text
-        return self._check_stop(len(new_text))
+        return check_stop and self._check_stop(len(new_text))
 
     def _check_stop(self, new_chars: int) -> bool:
         text = self.output_text

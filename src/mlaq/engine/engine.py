@@ -25,6 +25,7 @@ from mlaq.engine.detokenizer import IncrementalDetokenizer
 from mlaq.engine.kv_cache import KVCacheDtype, LatentCacheConfig, LatentKVCache
 from mlaq.engine.model_api import LatentLM
 from mlaq.engine.outputs import CompletionOutput, RequestOutput
+from mlaq.engine.penalties import adjusted_logits
 from mlaq.engine.rejection import rejection_sample
 from mlaq.engine.runner import ModelRunner
 from mlaq.engine.sampler import processed_logits, sample
@@ -75,6 +76,8 @@ class Request:
     cumulative_logprob: float = 0.0
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # sent once, with the first delta
+    spec_steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
 
 
 class LLMEngine:
@@ -142,9 +145,32 @@ class LLMEngine:
         self._next_id += 1
         return str(seq.seq_id)
 
+    def abort(self, request_id: str) -> bool:
+        """Drop a request now (between steps) and free its cache blocks; False if it is not here."""
+        r = self._requests.pop(int(request_id), None) if request_id.isdigit() else None
+        if r is None:
+            return False
+        self.scheduler.abort(r.seq)
+        r.seq.finish(FinishReason.ABORT)
+        return True
+
     @property
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the KV cache pool's blocks in use, in [0, 1] (vLLM's kv_cache_usage_perc)."""
+        blocks = self.scheduler.blocks
+        return 1.0 - blocks.num_free_blocks / blocks.num_blocks
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -164,12 +190,28 @@ class LLMEngine:
     def _prefill(self, reqs: list[Request]) -> None:
         seqs = [r.seq for r in reqs]
         tokens = [s.all_token_ids for s in seqs]  # prompt (+ outputs after a preemption)
-        out = self.runner.forward(seqs, tokens, prefill=True, last_only=True)
-        logits = out.logits[:, -1]  # (B, V): each prompt's last token
+        # prompt logprobs need every position's logits; only on a request's first prefill
+        want = [r.seq.params.prompt_logprobs is not None and not r.seq.output_token_ids for r in reqs]
+        out = self.runner.forward(seqs, tokens, prefill=True, last_only=not any(want))
+        last = torch.tensor([len(t) - 1 for t in tokens]) if any(want) else -1
+        logits = out.logits[torch.arange(len(reqs)), last]  # (B, V): each prompt's last token
         for row, (r, s) in enumerate(zip(reqs, seqs, strict=True)):
             s.num_cached = s.num_tokens
             r.pending_hidden = out.hidden[row, : len(tokens[row])] if self.k else None
-        self._sample_and_emit(reqs, logits)
+            if want[row]:
+                r.prompt_logprobs = [
+                    None,
+                    *_logprob_entries(
+                        out.logits[row, : len(tokens[row]) - 1], tokens[row][1:], s.params.prompt_logprobs
+                    ),
+                ]
+        # max_tokens=0: the prompt only (its logprobs), nothing generated
+        done = [r for r in reqs if r.seq.params.max_tokens == 0]
+        for r in done:
+            r.seq.finish(FinishReason.LENGTH)
+        keep = [row for row, r in enumerate(reqs) if r.seq.params.max_tokens != 0]
+        if keep:
+            self._sample_and_emit([reqs[i] for i in keep], logits[keep])
 
     def _decode(self, reqs: list[Request]) -> None:
         seqs = [r.seq for r in reqs]
@@ -180,8 +222,16 @@ class LLMEngine:
 
     def _sample_and_emit(self, reqs: list[Request], logits: Tensor) -> None:
         params = [r.seq.params for r in reqs]
+        adjusted = logits
+        if any(p.penalized for p in params):
+            adjusted = torch.cat(
+                [
+                    adjusted_logits(logits[i : i + 1], r.seq, self.eos_token_ids).float()
+                    for i, r in enumerate(reqs)
+                ]
+            )
         # logprobs come from _emit (raw logits, per request that asks): none needed from the sampler
-        chosen = sample(logits, params, [r.seq.generator for r in reqs], logprobs=False).token_ids.tolist()
+        chosen = sample(adjusted, params, [r.seq.generator for r in reqs], logprobs=False).token_ids.tolist()
         for row, r in enumerate(reqs):
             self._emit(r, [chosen[row]], logits[row : row + 1])
 
@@ -194,8 +244,9 @@ class LLMEngine:
         for row, (r, d) in enumerate(zip(reqs, drafts, strict=True)):
             s, k = r.seq, len(d)
             rows = out.logits[row, : k + 1]  # (k+1, V): the target at the last token and each draft
+            adjusted = adjusted_logits(rows, s, self.eos_token_ids, d)
             # greedy rows: processed_logits would only divide by temperature 1 (exact), so skip it
-            target = rows if s.params.greedy else processed_logits(rows, [s.params] * (k + 1))
+            target = adjusted if s.params.greedy else processed_logits(adjusted, [s.params] * (k + 1))
             emitted = rejection_sample(
                 torch.tensor(d, dtype=torch.int64),
                 target,
@@ -205,6 +256,7 @@ class LLMEngine:
             )
             n = len(emitted) - 1
             if k:
+                r.spec_steps.append((k, n))
                 r.stats = r.stats.observe(k, n)
                 self.spec_decoding_stats = self.spec_decoding_stats.observe(k, n)
             s.num_cached += n + 1  # the last token and the n accepted drafts are cached
@@ -250,23 +302,20 @@ class LLMEngine:
     def _emit(self, r: Request, tokens: list[int], rows: Tensor) -> None:
         """Append tokens (each predicted by the matching row of raw logits) until a stop condition."""
         s, p = r.seq, r.seq.params
-        logprobs = torch.log_softmax(rows.float(), dim=-1) if p.logprobs is not None else None  # raw
+        entries = _logprob_entries(rows, tokens, p.logprobs) if p.logprobs is not None else None  # raw
         for i, token in enumerate(tokens):
             lp = 0.0
-            if logprobs is not None:
-                lp = float(logprobs[i, token])
-                entry = {token: lp}  # vLLM: the chosen token's logprob plus the top N
-                if p.logprobs:
-                    top = logprobs[i].topk(p.logprobs)
-                    entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-                r.new_logprobs.append(entry)
+            if entries is not None:
+                lp = entries[i][token]
+                r.new_logprobs.append(entries[i])
                 r.cumulative_logprob += lp
             s.append(token, lp)
             r.new_token_ids.append(token)
             finished = check_stop_token(s, self.eos_token_ids, self.config.max_model_len)
             if r.detok is not None:
                 by_token = finished and s.finish_reason is FinishReason.STOP
-                if r.detok.add_token(token, skip_text=by_token):
+                early = len(s.output_token_ids) <= p.min_tokens  # vLLM: no stop strings before min_tokens
+                if r.detok.add_token(token, skip_text=by_token, check_stop=not early):
                     s.finish(FinishReason.STOP, r.detok.stop_reason)
             if s.is_finished:
                 return
@@ -285,6 +334,30 @@ class LLMEngine:
             stop_reason=s.stop_reason,
         )
         r.new_token_ids, r.new_logprobs = [], []
+        prompt_lp, r.prompt_logprobs = r.prompt_logprobs, None
         return RequestOutput(
-            str(s.seq_id), r.prompt, tuple(s.prompt_token_ids), (completion,), finished, r.stats
+            str(s.seq_id),
+            r.prompt,
+            tuple(s.prompt_token_ids),
+            (completion,),
+            finished,
+            r.stats,
+            prompt_logprobs=tuple(prompt_lp) if prompt_lp is not None else None,
+            spec_steps=tuple(r.spec_steps) if finished and self.k else None,
         )
+
+
+def _logprob_entries(rows: Tensor, tokens: Sequence[int], top_n: int | None) -> list[dict[int, float]]:
+    """Per row of raw logits (n, V): {token: logprob} of ``tokens[i]`` plus the top ``top_n`` (-1: all).
+
+    vLLM's raw logprobs: log_softmax of the raw logits, before penalties, temperature and truncation."""
+    logprobs = torch.log_softmax(rows.float(), dim=-1)  # (n, V)
+    chosen = logprobs.gather(1, torch.tensor(list(tokens), dtype=torch.int64)[:, None])[:, 0].tolist()
+    n = logprobs.shape[-1] if top_n == -1 else (top_n or 0)
+    entries = [{int(t): lp} for t, lp in zip(tokens, chosen, strict=True)]
+    if n:
+        top = logprobs.topk(min(n, logprobs.shape[-1]), dim=-1)
+        for entry, ids, values in zip(entries, top.indices.tolist(), top.values.tolist(), strict=True):
+            for t, v in zip(ids, values, strict=True):
+                entry.setdefault(t, v)
+    return entries

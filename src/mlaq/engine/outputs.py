@@ -32,6 +32,9 @@ class RequestOutput:
     outputs: tuple[CompletionOutput, ...]
     finished: bool
     spec_decoding_stats: SpecDecodingStats | None = field(default=None)  # this request's, if speculating
+    # per prompt token: None for the first, then {token_id: logprob} of it and the top N (first delta only)
+    prompt_logprobs: tuple[dict[int, float] | None, ...] | None = None
+    spec_steps: tuple[tuple[int, int], ...] | None = None  # (drafted, accepted) per step, once finished
 
     @property
     def text(self) -> str:
@@ -51,7 +54,9 @@ def fold(deltas: Iterable[RequestOutput]) -> RequestOutput:
         a, b = total.outputs[0], delta.outputs[0]
         logprobs = None if a.logprobs is None or b.logprobs is None else a.logprobs + b.logprobs
         merged = replace(b, text=a.text + b.text, token_ids=a.token_ids + b.token_ids, logprobs=logprobs)
-        total = replace(delta, outputs=(merged,))
+        total = replace(
+            delta, outputs=(merged,), prompt_logprobs=total.prompt_logprobs or delta.prompt_logprobs
+        )
     if total is None:
         raise ValueError("no outputs to fold")
     return total

@@ -2,8 +2,10 @@
 
 The fields mean what they mean in vLLM's ``SamplingParams``; a value vLLM rejects is rejected here
 with a message that says what was wrong. Differences, on purpose: ``n`` is not supported (one
-completion per prompt), and ``logprobs=True`` is accepted as ``logprobs=0`` (only the chosen
-token's logprob).
+completion per prompt; the server submits n requests), and ``logprobs=True`` is accepted as
+``logprobs=0`` (only the chosen token's logprob). ``logprobs`` / ``prompt_logprobs`` of -1 mean the
+whole vocabulary (vLLM's convention when its ``--max-logprobs`` is -1). ``max_tokens=0`` computes the
+prompt (for ``prompt_logprobs``) and generates nothing.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ class SamplingParams:
     top_p: float = 1.0  # in (0, 1]; 1 = off
     min_p: float = 0.0  # in [0, 1]; 0 = off
     seed: int | None = None  # per-request generator: same seed, same tokens, whatever the batch
-    max_tokens: int | None = 16  # None = up to max_model_len
+    max_tokens: int | None = 16  # None = up to max_model_len; 0 = prompt only (prompt_logprobs)
+    min_tokens: int = 0  # no EOS / stop token / stop string before this many output tokens
     stop: tuple[str, ...] = field(default=())  # str or list accepted; excluded from the output
     stop_token_ids: tuple[int, ...] = field(default=())
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    logprobs: int | None = None  # None = no logprobs; N = the chosen token's plus the top N
+    logprobs: int | None = None  # None = no logprobs; N = the chosen token's plus the top N; -1 = all
+    prompt_logprobs: int | None = None  # per prompt token (after the first): its logprob plus the top N
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or output (vLLM's)
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -47,8 +52,9 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        if isinstance(self.logprobs, bool):
-            object.__setattr__(self, "logprobs", 0 if self.logprobs else None)
+        for name in ("logprobs", "prompt_logprobs"):
+            if isinstance(getattr(self, name), bool):
+                object.__setattr__(self, name, 0 if getattr(self, name) else None)
         self._validate()
         if self.greedy:
             # As vLLM does: greedy ignores the truncation knobs, so normalise them to "off".
@@ -69,21 +75,40 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}.")
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}.")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 0):
+            raise ValueError(f"max_tokens must be at least 0, got {self.max_tokens!r}.")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be at least 0, got {self.min_tokens!r}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must be less than or equal to max_tokens ({self.max_tokens})."
+            )
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty!r}."
+            )
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}.")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ValueError(
                 f"stop_token_ids must be non-negative integers, got {list(self.stop_token_ids)!r}."
             )
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be non-negative, got {self.logprobs!r}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < -1):
+                raise ValueError(
+                    f"{name} must be non-negative, or -1 for the whole vocabulary, got {value!r}."
+                )
 
     @property
     def greedy(self) -> bool:
         """True when the request takes the argmax (temperature below vLLM's epsilon)."""
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def penalized(self) -> bool:
+        """True when the logits need the request's history (repetition penalty or min_tokens)."""
+        return self.repetition_penalty != 1.0 or self.min_tokens > 0
 
     @property
     def max_stop_len(self) -> int:

@@ -120,6 +120,14 @@ class Scheduler:
         self.blocks.truncate(seq.seq_id, num_cached)
         seq.num_cached = num_cached
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop ``seq`` wherever it is (waiting or running) and free its blocks now."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+            self.blocks.free(seq.seq_id)
+
     def finish_done(self) -> list[Sequence]:
         """Free the blocks of sequences that finished this step and drop them from the running set."""
         done = [s for s in self.running if s.is_finished]

@@ -22,6 +22,7 @@ class FinishReason(Enum):
 
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or max_model_len
+    ABORT = "abort"  # the client went away (or the server stopped) before it finished
 
 
 @dataclass(eq=False)  # mutable on purpose: the engine's per-request state, compared by identity
@@ -73,13 +74,16 @@ def check_stop_token(seq: Sequence, eos_token_ids: Seq[int], max_model_len: int)
     """After appending a token: finish ``seq`` on EOS / stop token id / max_tokens / max_model_len.
 
     The order follows vLLM's ``check_stop``: EOS (unless ignore_eos), then stop_token_ids, then the
-    length limits. Returns True when the sequence finished. Stop strings are the detokenizer's job.
+    length limits; before ``min_tokens`` outputs only the length limits apply. Returns True when the
+    sequence finished. Stop strings are the detokenizer's job.
     """
     token = seq.last_token_id
     p = seq.params
-    if not p.ignore_eos and token in eos_token_ids:
+    # vLLM: no stop by EOS / stop token before min_tokens (the sampler masks their logits too)
+    may_stop = len(seq.output_token_ids) > p.min_tokens
+    if may_stop and not p.ignore_eos and token in eos_token_ids:
         seq.finish(FinishReason.STOP, None)
-    elif token in p.stop_token_ids:
+    elif may_stop and token in p.stop_token_ids:
         seq.finish(FinishReason.STOP, token)
     elif (p.max_tokens is not None and len(seq.output_token_ids) >= p.max_tokens) or (
         seq.num_tokens >= max_model_len

@@ -134,6 +134,20 @@ def naive_attention(
     return torch.einsum("bnts,bsnv->btnv", probs, v.float()).to(q_nope.dtype)
 
 
+def absorbed_scores(q_nope: Tensor, q_pe: Tensor, keys: Tensor, w: AbsorbedWeights, scale: float) -> Tensor:
+    """The absorbed path's scaled attention scores before the mask and softmax: BMM #1 with
+    ``w.scheme_uk``, then [ql | q_pe] . [c_kv | k_pe] over the latent keys -> (B, N, T, K) float32."""
+    b, t, n, p = q_nope.shape
+    dtype = q_nope.dtype
+    lora = w.w_uk.shape[2]
+    x = q_nope.permute(2, 0, 1, 3).reshape(n, b * t, p)  # (B, T, N, P) -> (N, B*T, P)
+    ql = w.scheme_uk.apply(x, w.w_uk)  # (N, B*T, L), float32 rounded as the scheme's kernel rounds
+    ql = ql.view(n, b, t, lora).permute(1, 0, 2, 3).to(dtype)  # (B, N, T, L)
+    q = torch.cat((ql, q_pe.permute(0, 2, 1, 3).to(dtype)), dim=-1).float()  # (B, N, T, L+R)
+    scores = torch.bmm(q.reshape(b, n * t, -1), keys.float().transpose(1, 2))  # (B, N*T, K)
+    return scores.view(b, n, t, -1) * scale
+
+
 def absorbed_attention(
     q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, w: AbsorbedWeights, scale: float
 ) -> Tensor:
@@ -142,16 +156,11 @@ def absorbed_attention(
     BMM #1 ql = q_nope W_UK; scores = [ql | q_pe] . [c_kv | k_pe] (= ql . c_kv + q_pe . k_pe, one
     matmul over the cache as FlashMLA does); o_latent = softmax @ c_kv; BMM #2 out = o_latent W_UV^T.
     """
-    b, t, n, p = q_nope.shape
+    b, t, n, _ = q_nope.shape
     dtype = q_nope.dtype
     lora = w.w_uk.shape[2]
-    x = q_nope.permute(2, 0, 1, 3).reshape(n, b * t, p)  # (B, T, N, P) -> (N, B*T, P)
-    ql = w.scheme_uk.apply(x, w.w_uk)  # (N, B*T, L), float32 rounded as the scheme's kernel rounds
-    ql = ql.view(n, b, t, lora).permute(1, 0, 2, 3).to(dtype)  # (B, N, T, L)
-    q = torch.cat((ql, q_pe.permute(0, 2, 1, 3).to(dtype)), dim=-1).float()  # (B, N, T, L+R)
     kf = keys.float()  # (B, K, L+R)
-    scores = torch.bmm(q.reshape(b, n * t, -1), kf.transpose(1, 2))  # (B, N*T, K)
-    probs = masked_softmax(scores.view(b, n, t, -1) * scale, mask, dtype)  # (B, N, T, K)
+    probs = masked_softmax(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, dtype)  # (B, N, T, K)
     o_latent = torch.bmm(probs.view(b, n * t, -1), kf[:, :, :lora])  # (B, N*T, L)
     o_latent = o_latent.view(b, n, t, lora).transpose(0, 1).to(dtype)  # (N, B, T, L)
     out = w.scheme_uv.apply(o_latent.reshape(n, b * t, lora), w.w_uv)  # (N, B*T, V)

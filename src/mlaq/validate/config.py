@@ -21,6 +21,7 @@ from mlaq.model import Precision
 from mlaq.settings import Settings
 from mlaq.validate import defaults as d
 from mlaq.validate.defaults import DEFAULT_SCHEMES
+from mlaq.validate.tasks.spec import TaskConfig
 
 BUNDLED_MODEL = "mlaq-tiny"
 EVAL_TEXT_NAME = "heldout.txt"  # the held-out evaluation text shipped beside a bundled checkpoint
@@ -100,6 +101,8 @@ class ValidateConfig:
     num_speculative_tokens: int = d.NUM_SPECULATIVE_TOKENS  # k; 0: plain greedy, no acceptance figures
     ngram: int = d.NGRAM  # n of the repeated n-gram share
     seed: int = 0  # picks windows and prompts; seeds the engine
+    tasks: TaskConfig | None = None  # the long-context task suite (None: not run)
+    flip_rows: int = d.FLIP_ROWS  # query rows per window and layer for the attention flip rate; 0: none
 
     def __post_init__(self) -> None:
         check_schemes(self.schemes)
@@ -116,6 +119,8 @@ class ValidateConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.flip_rows < 0:
+            raise ValueError(f"flip_rows must be >= 0, got {self.flip_rows}")
         if self.num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
         if self.context_len is not None and self.context_len < 2:

@@ -15,3 +15,5 @@ PROMPT_LEN = 256
 MAX_TOKENS = 64
 NUM_SPECULATIVE_TOKENS = 3
 NGRAM = 4
+FLIP_ROWS = 256  # query rows per window and layer for the attention flip rate
+TASK_SAMPLES = 2  # long-context task samples per task and length in the default run

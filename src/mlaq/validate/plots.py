@@ -36,7 +36,8 @@ def write_plots(r: dict[str, Any], directory: Path) -> list[str]:
         keys = ("attn_rel_err_by_bucket", "kl_by_bucket", "nll_delta_by_bucket")
         for label, v in cands:
             for ax, key in zip(axes, keys, strict=True):
-                pts = [(c, y) for c, y in zip(centers, v[key], strict=True) if y is not None]
+                ys_ = v.get(key) or [None] * len(centers)  # a server source has no attention error
+                pts = [(c, y) for c, y in zip(centers, ys_, strict=True) if y is not None]
                 ys = [100 * y if key == "attn_rel_err_by_bucket" else y for _, y in pts]
                 ax.plot([c for c, _ in pts], ys, marker="o", color=colour[label], label=label)
         titles = ("attention error (%)", "KL(reference ‖ scheme) (nats)", "ΔNLL (nats)")
@@ -75,7 +76,7 @@ def write_plots(r: dict[str, Any], directory: Path) -> list[str]:
         fig.tight_layout()
         names.append(_save(fig, directory, "acceptance_per_position.png"))
 
-    if cands:
+    if cands and "attn_rel_err_by_layer" in cands[0][1]:
         fig, ax = plt.subplots(figsize=(9.5, 4.2))
         layers = cands[0][1]["attn_rel_err_by_layer"]
         labels = [f"{x['layer']}{' MTP' if x['mtp'] else ''}" for x in layers]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mlaq.validate import report_sections as sections
 from mlaq.validate.summary import caption, format_markdown, variants
 
 PLOTS = {
@@ -53,6 +54,8 @@ def _header(r: dict[str, Any]) -> list[str]:
 
 def _summary(r: dict[str, Any]) -> list[str]:
     n = r["config"]["ngram"]
+    if r.get("source") == "server":
+        return sections.server_summary(r)
     return [
         "## Summary",
         "",
@@ -192,13 +195,14 @@ def _by_bucket(r: dict[str, Any]) -> list[str]:
     buckets = [f"{a}–{b - 1}" for a, b in r["buckets"]]
     lines = ["## Drift with context position", ""]
     ref = r["reference"]
-    lines += [
-        "Reference NLL by position (nats; it should fall with position when the model uses its context): "
-        + ", ".join(
-            f"{b}: {x:.3f}" for b, x in zip(buckets, ref["nll_by_bucket"], strict=True) if x is not None
-        ),
-        "",
-    ]
+    if "nll_by_bucket" in ref:
+        lines += [
+            "Reference NLL by position (nats; it should fall with position when the model uses its context): "
+            + ", ".join(
+                f"{b}: {x:.3f}" for b, x in zip(buckets, ref["nll_by_bucket"], strict=True) if x is not None
+            ),
+            "",
+        ]
     for key, title, kind in (
         ("attn_rel_err_by_bucket", "Attention error (%) by position", "pct"),
         ("kl_by_bucket", "KL(reference ‖ scheme) by position (nats)", "e"),
@@ -206,7 +210,8 @@ def _by_bucket(r: dict[str, Any]) -> list[str]:
         ("top1_agreement_by_bucket", "Top-1 agreement (%) by position", "pct"),
     ):
         body = [[label, *(_fmt_bucket(x, kind) for x in v[key])] for label, v in variants(r) if key in v]
-        lines += [f"### {title}", "", *_table(["scheme", *buckets], body), ""]
+        if body:  # a server run has no attention error
+            lines += [f"### {title}", "", *_table(["scheme", *buckets], body), ""]
     return lines
 
 
@@ -223,7 +228,8 @@ def _layers(r: dict[str, Any]) -> list[str]:
 def _acceptance(r: dict[str, Any]) -> list[str]:
     k = r["config"]["num_speculative_tokens"]
     if not k:
-        return ["## MTP speculative decoding", "", "Not run (--num-speculative-tokens 0).", ""]
+        why = "the servers reported none" if r.get("source") == "server" else "--num-speculative-tokens 0"
+        return ["## MTP speculative decoding", "", f"Not run ({why}).", ""]
     head = ["scheme", "drafts", "draft tokens", "accepted", "mean len", "avg rate", "± 1 SE"]
     head += [f"pos {i}" for i in range(k)]
     body = []
@@ -288,7 +294,13 @@ def _decisions(r: dict[str, Any]) -> list[str]:
 
 def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     """The whole report.md."""
-    lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
+    if r.get("source") == "server":  # no weights: no arithmetic, per-op or per-layer figures
+        lines = sections.server_header(r) + _summary(r) + sections.server_notes(r)
+        lines += sections.decode_section(r) + sections.kld_section(r)
+        lines += _by_bucket(r)
+    else:
+        lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
+        lines += sections.kld_section(r)
     lines += _acceptance(r) + _generation(r) + _decisions(r)
     if plots:
         lines += ["## Plots", ""] + [f"![{PLOTS.get(p, p)}]({p})" for p in plots] + [""]

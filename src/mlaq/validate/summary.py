@@ -90,6 +90,14 @@ def format_plain(report: dict[str, Any]) -> str:
 def caption(report: dict[str, Any]) -> str:
     c, m = report["config"], report["model"]
     k = c["num_speculative_tokens"]
+    if report.get("source") == "server":
+        ref = (m.get("servers") or {}).get("reference")
+        against = f"reference {ref['model']} at {ref['url']}" if ref else "no reference"
+        return (
+            f"server {m['served_model']} at {m['path']} against {against}, {c['windows']} x "
+            f"{c['context_len']}-token windows (top-{c['logprobs']} logprobs), {c['prompts']} prompts x "
+            f"{c['max_tokens']} greedy tokens" + (f", MTP k={k}" if k else "") + f", seed {report['seed']}"
+        )
     return (
         f"{m['path']} ({m['model_type']}, {m['num_hidden_layers']}+{m['num_mtp_layers']} MLA layers), "
         f"{c['windows']} x {c['context_len']}-token windows, {c['prompts']} prompts x {c['max_tokens']} "

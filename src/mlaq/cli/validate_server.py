@@ -1,0 +1,141 @@
+"""The ``--server`` options of ``mlaq validate``: measure a live deployment instead of the local engine.
+
+``mlaq validate --server URL [--reference URL | --against FILE] [--record FILE] ...`` — the sizes
+(--windows, --context-len, --prompts, ...) and --out / --json are shared with local validate.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# local validate's options that mean nothing for a server (the server's own flags decide)
+_LOCAL_ONLY = {
+    "model": "MODEL",
+    "schemes": "--schemes",
+    "as_configured": "--as-configured",
+    "quantization_config": "--quantization-config",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("live server (validate a deployment: vLLM, SGLang, mlaq serve)")
+    g.add_argument("--server", metavar="URL", help="the candidate server, e.g. http://127.0.0.1:8000")
+    g.add_argument("--reference", metavar="URL", help="the reference server (e.g. the same model, flags off)")
+    g.add_argument("--against", metavar="FILE", help="a reference recorded earlier with --record")
+    g.add_argument(
+        "--record", metavar="FILE", help="save --server's run as a reference (.safetensors or .json)"
+    )
+    g.add_argument(
+        "--model", dest="served_model", metavar="NAME", help="served model name (default: the first)"
+    )
+    g.add_argument("--reference-model", metavar="NAME", help="served model name on --reference")
+    g.add_argument("--api-key", metavar="KEY", help="Bearer key of the servers (vllm serve --api-key)")
+    g.add_argument(
+        "--reference-api-key", metavar="KEY", help="Bearer key of --reference (default: --api-key)"
+    )
+    g.add_argument("--tokenizer", metavar="PATH", help="local tokenizer (checkpoint dir or tokenizer.json)")
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        default=20,
+        metavar="K",
+        help="top-k logprobs per position (default 20; -1: all)",
+    )
+    g.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (default 4)")
+    g.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S", help="seconds per request (default 600)"
+    )
+    g.add_argument(
+        "--retries", type=int, default=3, metavar="N", help="retries of a failed request (default 3)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from mlaq.cli.validate import task_config, verdict_exit_code
+    from mlaq.validate.progress import make_progress
+    from mlaq.validate.report import report_json, write_report
+    from mlaq.validate.server import ClientConfig, ServerValidateConfig
+    from mlaq.validate.sources.server import run_server_validation
+    from mlaq.validate.summary import print_summary
+    from mlaq.validate.verdict import VerdictConfig
+
+    for dest, flag in _LOCAL_ONLY.items():
+        if getattr(args, dest, None) not in (None, False):
+            raise ValueError(f"{flag} is for local validation; with --server the server's own flags decide")
+    if args.reference_model and not args.reference:
+        raise ValueError("--reference-model needs --reference URL")
+
+    def client(url: str, key: str | None) -> ClientConfig:
+        return ClientConfig(url, api_key=key, timeout=args.timeout, retries=args.retries)
+
+    cfg = ServerValidateConfig(
+        server=client(args.server, args.api_key),
+        reference=client(args.reference, args.reference_api_key or args.api_key) if args.reference else None,
+        against=Path(args.against) if args.against else None,
+        record=Path(args.record) if args.record else None,
+        model=args.served_model,
+        reference_model=args.reference_model,
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        eval_text=Path(args.eval_text) if args.eval_text else None,
+        context_len=args.context_len,
+        windows=args.windows,
+        buckets=args.buckets,
+        prompts=args.prompts,
+        prompt_len=args.prompt_len,
+        max_tokens=args.max_tokens,
+        logprobs=args.logprobs,
+        concurrency=args.concurrency,
+        ngram=args.ngram,
+        seed=args.seed,
+        tasks=None if args.against else task_config(args),
+    )
+    if args.out:  # check --out before measuring: a bad path must not cost the run
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a directory")
+    verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
+    report = run_server_validation(cfg, make_progress(not args.no_progress), verdicts)
+    if args.json:
+        sys.stdout.write(report_json(report))
+    else:
+        print_summary(report)
+        print("\n".join(_details(report)))
+    if args.out:
+        paths = write_report(report, args.out)
+        print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return verdict_exit_code(report, args.fail_on)
+
+
+def _details(report: dict) -> list[str]:
+    """llama.cpp's KL list of each candidate, and what a server could not measure."""
+    from mlaq.validate.kld import format_kld_statistics
+
+    lines = []
+    for name, v in report["schemes"].items():
+        d = v.get("decode") or {}
+        if d.get("n"):
+            lines += [
+                "",
+                f"{name}: decode path (greedy positions with equal contexts, n={d['n']}): mean KLD "
+                f"{d['kld']['mean']:.6f} ± {d['kld']['uncertainty']:.6f}, max {d['kld']['max']:.6f}, "
+                f"same top p {100 * d['top1_agreement']:.3f} %",
+            ]
+        stats = (v.get("kld_stats") or {}).get("all")
+        if stats:
+            lines += ["", f"====== {name}: KL divergence statistics (llama.cpp's list) ======"]
+            lines += format_kld_statistics(stats)
+            est = v.get("kl_estimator") or {}
+            if not est.get("exact", True):
+                lines.append(
+                    f"(top-{report['config']['logprobs']} estimate, a lower bound: reference mass outside the "
+                    f"shared top-k set mean {est['mass_outside_mean']:.1e}, max {est['mass_outside_max']:.1e})"
+                )
+    for side, s in (report["model"].get("servers") or {}).items():
+        for what, msg in (s or {}).get("errors", {}).items():
+            lines.append(f"{side}: {what}: {msg}")
+        for msg in (s or {}).get("warnings", []):
+            lines.append(f"{side}: warning: {msg}")
+    return lines

@@ -1,0 +1,93 @@
+"""Request fields -> ``SamplingParams``, with every check that needs the server's limits.
+
+Range checks are ``SamplingParams``' own (its messages begin with the field's name, which becomes
+the error's ``param``); the server adds what depends on it: max-model-len, --max-logprobs, n, and
+the OpenAI fields mlaq does not implement (a 400 naming them, rather than silently ignoring them).
+"""
+
+from __future__ import annotations
+
+from mlaq.engine.sampling_params import SamplingParams
+from mlaq.serve.config import ServeConfig
+from mlaq.serve.errors import APIError, bad_request
+from mlaq.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+MAX_N = 16
+
+
+def check_logprobs(name: str, value: int | None, config: ServeConfig) -> None:
+    if value is None:
+        return
+    limit = config.max_logprobs
+    if value == -1 and limit == -1:
+        return
+    if value < 0 or (limit != -1 and value > limit):
+        whole = " (-1 = the whole vocabulary needs the server started with --max-logprobs -1)"
+        raise bad_request(f"{name} must be between 0 and {limit}{whole}, got {value}.", name)
+
+
+def unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value not in (None, 0, 0.0):
+            raise bad_request(
+                f"{name} is not supported by mlaq serve (use repetition_penalty); got {value}.", name
+            )
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported by mlaq serve.", "logit_bias")
+    if not 1 <= req.n <= MAX_N:
+        raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}.", "n")
+    if isinstance(req, CompletionRequest):
+        if req.suffix:
+            raise bad_request("suffix is not supported by mlaq serve.", "suffix")
+        if req.best_of not in (None, req.n):
+            raise bad_request(f"best_of must equal n ({req.n}) in mlaq serve, got {req.best_of}.", "best_of")
+
+
+def sampling_params(
+    req: CompletionRequest | ChatCompletionRequest,
+    prompt_len: int,
+    max_tokens: int | None,
+    logprobs: int | None,
+    config: ServeConfig,
+    seed_offset: int = 0,
+) -> SamplingParams:
+    """The params of one choice of one prompt of ``prompt_len`` tokens."""
+    room = config.max_model_len - prompt_len
+    if room <= 0 and not (max_tokens == 0 and prompt_len <= config.max_model_len):
+        raise bad_request(
+            f"This model's maximum context length is {config.max_model_len} tokens, but the prompt has "
+            f"{prompt_len} tokens (max_tokens {max_tokens}); shorten the prompt.",
+            "prompt",
+        )
+    if max_tokens is None:
+        max_tokens = room
+    elif max_tokens > room:
+        raise bad_request(
+            f"This model's maximum context length is {config.max_model_len} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion "
+            "(max_tokens)). Reduce the length of the prompt or max_tokens.",
+            "max_tokens",
+        )
+    try:
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_k=0 if req.top_k is None else req.top_k,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            min_p=0.0 if req.min_p is None else req.min_p,
+            seed=None if req.seed is None else req.seed + seed_offset,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=tuple([req.stop] if isinstance(req.stop, str) else req.stop or ()),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=req.prompt_logprobs,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        param = message.split(" ", 1)[0]
+        raise APIError(400, message, param if param.isidentifier() else None) from None

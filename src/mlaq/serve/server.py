@@ -1,0 +1,142 @@
+"""Build a server from a checkpoint and run it with uvicorn until SIGINT / SIGTERM.
+
+Start-up loads the model through ``mlaq.LLM`` (so the MLAQ_FP8BMM / MLAQ_FP4BMM flags and
+``--quantization-config`` apply as everywhere; the policy logs its one-line summary, and the per-layer
+table at debug level). Shutdown is uvicorn's graceful one: stop accepting, let in-flight requests
+finish for up to ``shutdown_timeout`` seconds, then cancel them (their clients see the stream end
+with an error) and stop the engine thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlaq.serve.config import ServeConfig, SpecMetricsMode
+
+LOG = logging.getLogger("mlaq.serve")
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """What ``mlaq.LLM`` takes (vLLM's names)."""
+
+    model: str
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 16
+    kv_cache_dtype: str = "auto"
+    speculative_config: str | Mapping[str, Any] | None = None
+    quantization_config: str | None = None
+    compile: bool = False
+    seed: int = 0
+
+
+def build_state(engine_args: EngineArgs, **serve: Any):
+    """Load the model and wrap it: returns the ``ServerState`` ``build_app`` takes."""
+    import torch
+
+    from mlaq.engine.llm import LLM
+    from mlaq.serve.async_engine import AsyncEngine
+    from mlaq.serve.metrics import ServerMetrics
+    from mlaq.serve.state import ServerState
+
+    dtype = None if engine_args.dtype == "auto" else getattr(torch, engine_args.dtype)
+    llm = LLM(
+        engine_args.model,
+        dtype=dtype,
+        quantization_config=engine_args.quantization_config,
+        max_model_len=engine_args.max_model_len,
+        max_num_seqs=engine_args.max_num_seqs,
+        kv_cache_dtype=engine_args.kv_cache_dtype,
+        speculative_config=engine_args.speculative_config,
+        compile=engine_args.compile,
+        seed=engine_args.seed,
+    )
+    _log_policy(llm)
+    engine = llm.engine
+    name = serve.pop("served_model_name", None) or engine_args.model
+    mode = SpecMetricsMode(serve.pop("per_request_spec_decode_metrics", "none"))
+    config = ServeConfig(
+        served_model_name=name,
+        model_path=str(engine_args.model),
+        max_model_len=engine.config.max_model_len,
+        spec_metrics=mode,
+        **serve,
+    )
+    metrics = ServerMetrics(name, engine.k)
+    return ServerState(
+        config,
+        AsyncEngine(engine, metrics, config.max_waiting),
+        llm.tokenizer,
+        metrics,
+        engine.model.vocab_size,
+        engine.k,
+    )
+
+
+def _log_policy(llm: Any) -> None:
+    inner = getattr(llm.engine.model, "model", None)
+    policy = getattr(inner, "policy", None)
+    if policy is not None and LOG.isEnabledFor(logging.DEBUG):
+        from mlaq.policy.report import format_explain
+
+        LOG.debug("per-layer BMM decisions:\n%s", format_explain(policy, str(getattr(llm, "model_path", ""))))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: an ephemeral port; read it back with ``getsockname``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(
+            f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port or --host"
+        ) from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def run_server(
+    state: Any, host: str, port: int, shutdown_timeout: float = 10.0, log_level: str = "info"
+) -> int:
+    """Serve until SIGINT / SIGTERM; returns 0 after a clean stop."""
+    import uvicorn
+
+    from mlaq.serve.app import build_app
+
+    sock = bind(host, port)
+    actual = sock.getsockname()[1]
+    config = uvicorn.Config(
+        build_app(state),
+        log_level=log_level,
+        timeout_graceful_shutdown=shutdown_timeout,
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    LOG.info(
+        "mlaq serve: %s on http://%s:%d (max_model_len %d)",
+        state.config.served_model_name,
+        host,
+        actual,
+        state.config.max_model_len,
+    )
+    server.run(sockets=[sock])
+    LOG.info("mlaq serve: stopped")
+    return 0
+
+
+def model_dir(model: str | None) -> str:
+    if model:
+        return model
+    from mlaq.validate.config import bundled_model_dir
+
+    return str(bundled_model_dir())

@@ -1,0 +1,167 @@
+"""Report sections shared by every source: llama.cpp's KL statistics, and the header and server notes
+of a live-server run (``mlaq validate --server``). Read only the report dict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlaq.validate.kld import format_kld_statistics
+from mlaq.validate.summary import caption, format_markdown, variants
+
+
+def _table(head: list[str], body: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return out + ["| " + " | ".join(r) + " |" for r in body]
+
+
+def _server(s: dict[str, Any] | None) -> str:
+    if s is None:
+        return "none: the server's own figures only"
+    v = s.get("version") or "unknown"
+    where = "recorded run of " if s.get("recording") else ""
+    metrics = "absent" if not s.get("metrics") else "with" if s.get("spec_decode_counters") else "without"
+    return (
+        f"{where}`{s.get('model')}` at {s.get('url')} — version {v}, max_model_len {s.get('max_model_len')}, "
+        f"teacher forcing via {s.get('teacher_forcing') or '—'}, /metrics {metrics}"
+        + (" spec-decode counters" if s.get("metrics") else "")
+        + (f", acceptance from {s['acceptance_source']}" if s.get("acceptance_source") else "")
+    )
+
+
+def server_header(r: dict[str, Any]) -> list[str]:
+    m, e, c, v = r["model"], r["eval_text"], r["config"], r["versions"]
+    servers = m.get("servers") or {}
+    lines = [
+        "# mlaq validate --server",
+        "",
+        "A live deployment measured against a reference deployment (or a recorded reference run) on the "
+        "same token ids: teacher-forced next-token distributions, free-running greedy text, MTP acceptance.",
+        "",
+        f"- **Candidate**: {_server(servers.get('candidate'))}",
+        f"- **Reference**: {_server(servers.get('reference'))}"
+        + (f" (recording `{c['against']}`)" if c.get("against") else ""),
+        f"- **Evaluation text**: `{e.get('path')}` ({e.get('bytes')} bytes, {e.get('tokens')} tokens, sha256 "
+        f"`{str(e.get('sha256'))[:16]}…`); windows at token offsets {e.get('window_starts')}, prompts at "
+        f"{e.get('prompt_starts')}",
+        f"- **Run**: {caption(r)}; {c['buckets']} position buckets; {c['concurrency']} requests in flight",
+        f"- **Versions**: mlaq {v['mlaq']}, python {v['python']}; {v['platform']}",
+        "",
+    ]
+    return lines
+
+
+def server_summary(r: dict[str, Any]) -> list[str]:
+    """The summary table of a server run and what its columns mean there."""
+    n = r["config"]["ngram"]
+    return [
+        "## Summary",
+        "",
+        format_markdown(r),
+        "",
+        "- **KL / top-1 / ΔNLL**: teacher-forced through the servers' prompt log-probabilities (the "
+        "prefill path), KL estimated from the top-k log-probabilities (see below); "
+        f"**1st diff**, **rep. {n}-gram**: greedy generation; **accept / mean len**: MTP "
+        "acceptance as vLLM computes it. Per-layer and per-op errors need the weights: run local "
+        "`mlaq validate` on the checkpoint for those.",
+        "",
+    ]
+
+
+def server_notes(r: dict[str, Any]) -> list[str]:
+    """What a server could not measure, and warnings (other traffic, ids recovered from text)."""
+    out = []
+    for side, s in (r["model"].get("servers") or {}).items():
+        if not s:
+            continue
+        out += [f"- {side}: {what}: {msg}" for what, msg in s.get("errors", {}).items()]
+        out += [f"- {side}: warning: {msg}" for msg in s.get("warnings", [])]
+    return ["## What could not be measured", "", *out, ""] if out else []
+
+
+def decode_section(r: dict[str, Any]) -> list[str]:
+    """A server run's decode-path comparison (generated tokens while both contexts are equal)."""
+    rows = [(label, v["decode"]) for label, v in variants(r) if v.get("decode")]
+    if not rows:
+        return []
+    lines = [
+        "## Decode path (the absorbed BMMs)",
+        "",
+        "Prompt log-probabilities come from the prefill, which in vLLM (and in mlaq under "
+        "`decode_only`) runs kv_b_proj directly, not the absorbed BMMs that the FP8/FP4 BMM flags "
+        "re-quantize: a BMM bug can hide there. These figures compare the distributions of the greedy "
+        "tokens both servers generated, at generated positions 1…f (f: the first differing token; "
+        "position 0 comes from the prefill), where both still share their whole context.",
+        "",
+    ]
+    head = ["candidate", "positions", "mean KLD ±", "median", "99 %", "max", "top-1", "KL estimate"]
+    body = []
+    for label, d in rows:
+        if not d.get("n"):
+            body.append([label, "0", "—", "—", "—", "—", "—", "—"])
+            continue
+        k, est = d["kld"], d["kl_estimator"]
+        body.append(
+            [
+                label,
+                str(d["n"]),
+                f"{k['mean']:.2e} ± {k['uncertainty']:.1e}",
+                f"{k['median']:.2e}",
+                f"{k['quantiles']['99']:.2e}",
+                f"{k['max']:.2e}",
+                f"{100 * d['top1_agreement']:.2f} %",
+                "exact" if est["exact"] else f"top-k, mass outside {est['mass_outside_mean']:.1e}",
+            ]
+        )
+    return [*lines, *_table(head, body), ""]
+
+
+def kld_section(r: dict[str, Any]) -> list[str]:
+    """llama.cpp's ``perplexity --kl-divergence`` list per candidate, overall and by context position."""
+    rows = [(label, v) for label, v in variants(r) if (v.get("kld_stats") or {}).get("all")]
+    if not rows:
+        return []
+    path = (
+        "Teacher-forced through the servers' prompt log-probabilities, i.e. the prefill path (see the "
+        "decode-path section for the absorbed BMMs). "
+        if r.get("source") == "server"
+        else "Teacher-forced with the absorbed (decode) path. "
+    )
+    lines = [
+        "## KL divergence and token probability statistics (llama.cpp's list)",
+        "",
+        path + "As `llama-perplexity --kl-divergence` prints them, over every predicted position whose "
+        "next token is known (KLD in nats; Δp = change of the actual next token's probability; same top "
+        "p = top-1 agreement; ± is the standard error), then by context position.",
+        "",
+    ]
+    for label, v in rows:
+        lines += [f"### {label}", "", "```", *format_kld_statistics(v["kld_stats"]["all"]), "```", ""]
+        est = v.get("kl_estimator")
+        if est is not None:
+            lines += [
+                f"KL estimator: {est['note']}. Exact at {100 * est['exact_share']:.1f} % of positions; "
+                f"reference mass outside the shared top-k set: mean {est['mass_outside_mean']:.2e}, max "
+                f"{est['mass_outside_max']:.2e}.",
+                "",
+            ]
+        body = []
+        for b in v["kld_stats"]["buckets"]:
+            if not b.get("n"):
+                continue
+            k, dp, st, nl = b["kld"], b["delta_p"], b["same_top_p"], b["nll_delta"]
+            body.append(
+                [
+                    f"{b['range'][0]}–{b['range'][1] - 1}",
+                    str(b["n"]),
+                    f"{k['mean']:.2e} ± {k['uncertainty']:.1e}",
+                    f"{k['median']:.2e}",
+                    f"{k['quantiles']['99']:.2e}",
+                    f"{k['max']:.2e}",
+                    f"{100 * dp['rms']:.3f} %",
+                    f"{100 * st['value']:.2f} ± {100 * st['standard_error']:.2f} %",
+                    f"{nl['mean']:+.4f} ± {nl['uncertainty']:.4f}",
+                ]
+            )
+        head = ["positions", "n", "mean KLD", "median", "99 %", "max", "RMS Δp", "same top p", "ΔNLL"]
+        lines += [*_table(head, body), ""]
+    return lines

@@ -1,0 +1,206 @@
+"""A live OpenAI-compatible server as a measurement target: teacher-forced log-probs, greedy
+continuations, tokenization, identity and metrics.
+
+What the server can do is probed once (``probe``), with a two-token request, so a server that lacks a
+capability fails fast with one clear message instead of after minutes of work. Requests carry token
+ids, never text, so both servers of an A/B see exactly the same input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlaq.validate.server.client import ClientConfig, HttpClient, ServerError, Unsupported
+from mlaq.validate.server.protocol import (
+    NO_LOGPROBS,
+    Greedy,
+    TeacherForced,
+    parse_echo_logprobs,
+    parse_greedy_ids,
+    parse_greedy_top,
+    parse_prompt_logprobs,
+)
+from mlaq.validate.server.spec import Counters, counters, parse_prometheus
+
+FULL = -1  # --logprobs -1: the whole distribution (vLLM: needs --max-logprobs -1)
+
+
+@dataclass
+class Identity:
+    """Who answered: written into the report's header."""
+
+    url: str
+    model: str
+    max_model_len: int | None
+    version: str | None
+    teacher_forcing: str | None = None  # "prompt_logprobs" | "echo" | None (unsupported)
+    metrics: bool = False  # /metrics answers
+    spec_decode_counters: bool = False  # /metrics carries vllm:spec_decode_* counters
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class ServerTarget:
+    """One server. ``model``: the served model name (default: the first of /v1/models)."""
+
+    def __init__(
+        self, config: ClientConfig, *, model: str | None = None, tokenizer: Path | None = None
+    ) -> None:
+        self.client = HttpClient(config)
+        self._model = model
+        self._tokenizer_path = tokenizer
+        self._local_tokenizer: Any = None
+        self._tf_mode: str | None = None
+        self._extras = True  # the server accepts vLLM's extra request fields
+        self.identity: Identity | None = None
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- identity -------------------------------------------------------------------------------
+    def probe(self) -> Identity:
+        """Read /v1/models, /version and /metrics (the latter two optional)."""
+        models = self.client.get_json("/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        if not data:
+            raise ServerError(f"{self.client.config.base}/v1/models lists no model")
+        names = [m.get("id") for m in data]
+        if self._model is None:
+            self._model = names[0]
+        elif self._model not in names:
+            raise ServerError(
+                f"model {self._model!r} is not served at {self.client.config.base} (it serves: "
+                f"{', '.join(map(str, names))}); fix --model"
+            )
+        entry = data[names.index(self._model)]
+        version = None
+        with contextlib.suppress(ServerError):  # /version is optional (SGLang: /get_server_info)
+            version = str(self.client.get_json("/version").get("version"))
+        ident = Identity(self.client.config.base, self._model, entry.get("max_model_len"), version)
+        try:
+            c = self.scrape()
+            ident.metrics, ident.spec_decode_counters = True, c.has_spec
+        except ServerError:
+            ident.notes.append("no /metrics endpoint: MTP acceptance only from per-request metrics")
+        self.identity = ident
+        return ident
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            raise RuntimeError("probe() first")
+        return self._model
+
+    def scrape(self) -> Counters:
+        return counters(parse_prometheus(self.client.get("/metrics").text), self._model)
+
+    # -- tokenization ---------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens): the server's /tokenize, else --tokenizer."""
+        if self._local_tokenizer is None:
+            try:
+                r = self.client.post_json(
+                    "/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False}
+                )
+                return [int(t) for t in r["tokens"]]
+            except ServerError as exc:
+                if exc.status not in (400, 404, 405, 501):
+                    raise
+                self._local_tokenizer = self._load_tokenizer(exc)
+        return list(self._local_tokenizer.encode(text, add_special_tokens=False))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of ``tokens`` for the report's samples: /detokenize, else --tokenizer, else ""."""
+        if self._local_tokenizer is None:
+            try:
+                r = self.client.post_json("/detokenize", {"model": self.model, "tokens": list(tokens)})
+                return str(r.get("prompt", ""))
+            except ServerError:
+                if self._tokenizer_path is None:
+                    return ""
+                self._local_tokenizer = self._load_tokenizer(ServerError("no /detokenize"))
+        return str(self._local_tokenizer.decode(list(tokens)))
+
+    def _load_tokenizer(self, exc: ServerError) -> Any:
+        if self._tokenizer_path is None:
+            raise Unsupported(
+                f"{self.client.config.base} has no /tokenize ({exc}); pass --tokenizer PATH "
+                "(a checkpoint directory with tokenizer.json)"
+            ) from None
+        from mlaq.engine.tokenizer import Tokenizer
+
+        p = self._tokenizer_path
+        return Tokenizer.from_dir(p.parent if p.name == "tokenizer.json" else p)
+
+    # -- teacher forcing ------------------------------------------------------------------------
+    def teacher_forced(self, tokens: list[int], k: int) -> TeacherForced:
+        """Per position of ``tokens``, the distribution of the next token (top ``k``, or full)."""
+        if len(tokens) < 2:
+            raise ValueError("teacher forcing needs at least 2 tokens")
+        self.probe_teacher_forcing(k)
+        if self._tf_mode == "prompt_logprobs":
+            r = self._completion(tokens, max_tokens=1, prompt_logprobs=k)
+            parsed = parse_prompt_logprobs(r, tokens)
+            if parsed is None:
+                raise Unsupported(NO_LOGPROBS)
+            return parsed
+        r = self._completion(tokens, max_tokens=1, echo=True, logprobs=k, return_tokens_as_token_ids=True)
+        return parse_echo_logprobs(r, tokens)
+
+    def probe_teacher_forcing(self, k: int) -> str:
+        """Which request shape returns prompt log-probs (probed once); Unsupported when none does."""
+        if self._tf_mode is None:
+            self._tf_mode = self._probe_teacher_forcing(k)
+            if self.identity is not None:
+                self.identity.teacher_forcing = self._tf_mode
+        return self._tf_mode
+
+    def _probe_teacher_forcing(self, k: int) -> str:
+        probe = [0, 1]
+        try:
+            r = self._completion(probe, max_tokens=1, prompt_logprobs=k)
+            if parse_prompt_logprobs(r, probe) is not None:
+                return "prompt_logprobs"
+        except Unsupported:
+            raise
+        except ServerError as exc:
+            if exc.status != 400:
+                raise
+        r = self._completion(probe, max_tokens=1, echo=True, logprobs=k, return_tokens_as_token_ids=True)
+        parse_echo_logprobs(r, probe)  # raises Unsupported with the reason
+        return "echo"
+
+    # -- generation -----------------------------------------------------------------------------
+    def greedy(self, prompt: list[int], max_tokens: int, k: int = 1) -> Greedy:
+        """Greedy completion of ``prompt`` (EOS ignored, so every prompt yields ``max_tokens``), with
+        the top-``k`` distribution of every generated token."""
+        extras = {"logprobs": k, "return_tokens_as_token_ids": True, "return_token_ids": True}
+        r = self._completion(prompt, max_tokens=max_tokens, ignore_eos=True, **extras)
+        ids, text = parse_greedy_ids(r)
+        metrics = r.get("metrics") if isinstance(r, dict) else None
+        top = parse_greedy_top(r)
+        if ids is not None:
+            return Greedy(ids, metrics, top=top if top is not None and len(top) == len(ids) else None)
+        return Greedy(tuple(self.tokenize(text)), metrics, ids_from_text=True)
+
+    def _completion(self, prompt: list[int], **fields: Any) -> Any:
+        body = {"model": self.model, "prompt": prompt, "temperature": 0.0, **fields}
+        if self._extras:
+            try:
+                return self.client.post_json("/v1/completions", body)
+            except ServerError as exc:
+                # a server that rejects vLLM's extra fields: retry once with the OpenAI fields only
+                if exc.status != 400 or not any(f in str(exc) for f in _EXTRAS):
+                    raise
+                self._extras = False
+        plain = {k: v for k, v in body.items() if k not in _EXTRAS}
+        return self.client.post_json("/v1/completions", plain)
+
+
+_EXTRAS = ("return_tokens_as_token_ids", "return_token_ids", "ignore_eos")

@@ -1,0 +1,129 @@
+"""Statistics of the task suite and the attention flips, as pure functions of the record.
+
+Per variant, task and length: accuracy (greedy exact match) with its Wilson 95 % interval and the
+sample count; for a candidate also the paired comparison with the reference on the SAME samples: the
+exact McNemar p-value, the accuracy difference, the mean answer log-probability difference with its
+paired bootstrap 95 % interval, and the smallest accuracy drop the run could have detected.
+Flip figures: per layer and bucket of competing keys, pooled over the windows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from statistics import fmean
+from typing import Any
+
+from mlaq.validate.intervals import mcnemar_exact, min_detectable_drop, paired_bootstrap, wilson
+from mlaq.validate.record import TaskScoreRecord, TaskSuiteRecord, Totals, VariantRecord
+
+
+def _cells(suite: TaskSuiteRecord) -> dict[tuple[str, int], list[int]]:
+    """(task, length) -> indices of its samples, in suite order."""
+    cells: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, s in enumerate(suite.samples):
+        cells[(s.task, s.length)].append(i)
+    return cells
+
+
+def accuracy_cell(scores: list[TaskScoreRecord]) -> dict[str, Any]:
+    n = len(scores)
+    correct = sum(s.correct for s in scores)
+    low, high = wilson(correct, n)
+    return {
+        "accuracy": correct / n,
+        "ci_low": low,
+        "ci_high": high,
+        "n": n,
+        "correct": correct,
+        "logprob": fmean(s.logprob for s in scores),
+        "token_accuracy": fmean(s.token_accuracy for s in scores),
+    }
+
+
+def paired_cell(ref: list[TaskScoreRecord], cand: list[TaskScoreRecord], seed: int) -> dict[str, Any]:
+    """The candidate's cell plus its paired comparison with the reference on the same samples."""
+    out = accuracy_cell(cand)
+    only_ref = sum(r.correct and not c.correct for r, c in zip(ref, cand, strict=True))
+    only_cand = sum(c.correct and not r.correct for r, c in zip(ref, cand, strict=True))
+    deltas = [c.logprob - r.logprob for r, c in zip(ref, cand, strict=True)]
+    ref_acc = sum(r.correct for r in ref) / len(ref)
+    out.update(
+        {
+            "accuracy_delta": out["accuracy"] - ref_acc,
+            "only_reference": only_ref,
+            "only_candidate": only_cand,
+            "p_value_vs_bf16": mcnemar_exact(only_ref, only_cand),
+            "logprob_delta": fmean(deltas),
+            "logprob_delta_ci": list(paired_bootstrap(deltas, seed=seed)),
+            "min_detectable_drop": min_detectable_drop(len(ref), ref_acc),
+        }
+    )
+    return out
+
+
+def task_table(
+    suite: TaskSuiteRecord, v: VariantRecord, reference: VariantRecord | None, seed: int
+) -> dict[str, dict[str, Any]]:
+    """``{task: {length: cell}}`` (lengths as text, JSON keys); paired cells when ``reference`` is given."""
+    out: dict[str, dict[str, Any]] = {}
+    for (task, length), idx in sorted(
+        _cells(suite).items(), key=lambda kv: (suite_order(suite, kv[0][0]), kv[0][1])
+    ):
+        mine = [v.tasks[i] for i in idx]
+        cell = (
+            accuracy_cell(mine)
+            if reference is None
+            else paired_cell([reference.tasks[i] for i in idx], mine, seed)
+        )
+        out.setdefault(task, {})[str(length)] = cell
+    return out
+
+
+def suite_order(suite: TaskSuiteRecord, task: str) -> int:
+    names = suite.config.get("tasks", [])
+    return names.index(task) if task in names else len(names)
+
+
+def needle_by_depth(suite: TaskSuiteRecord, v: VariantRecord) -> dict[str, dict[str, Any]]:
+    """Needle accuracy by ``{length: {depth: {accuracy, n}}}`` (the heat map's cells)."""
+    groups: dict[tuple[int, float], list[bool]] = defaultdict(list)
+    for s, score in zip(suite.samples, v.tasks, strict=True):
+        if s.task == "needle":
+            groups[(s.length, s.depth)].append(score.correct)
+    out: dict[str, dict[str, Any]] = {}
+    for (length, depth), hits in sorted(groups.items()):
+        out.setdefault(str(length), {})[f"{depth:g}"] = {"accuracy": sum(hits) / len(hits), "n": len(hits)}
+    return out
+
+
+def _rates(t: Totals, bucket_ends: list[int]) -> dict[str, float | None]:
+    sums = [math.fsum(col) for col in zip(*t.sums, strict=True)]
+    counts = [math.fsum(col) for col in zip(*t.counts, strict=True)]
+    return {str(end): (s / c if c else None) for end, s, c in zip(bucket_ends, sums, counts, strict=True)}
+
+
+def flip_table(v: VariantRecord, buckets: list[list[int]]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """``{figure: {layer: {keys: value}}}`` for the flip rate, the retrieval-row flip rate and the total
+    variation distance; ``keys`` is a bucket's largest number of competing keys (its end position)."""
+    ends = [end for _, end in buckets]
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for figure, prefix in (
+        ("flip_rate", "flip/"),
+        ("flip_rate_retrieval", "flip_retrieval/"),
+        ("attention_tv", "tv/"),
+    ):
+        layers = sorted(int(k[len(prefix) :]) for k in v.positions if k.startswith(prefix))
+        if layers:
+            out[figure] = {str(layer): _rates(v.positions[f"{prefix}{layer}"], ends) for layer in layers}
+    if "flip_rate_retrieval" in out:  # how many (query, head) rows were retrieval-like, per layer
+        prefix = "flip_retrieval/"
+        out["retrieval_rows"] = {
+            k[len(prefix) :]: {
+                str(e): c
+                for e, c in zip(ends, (math.fsum(col) for col in zip(*t.counts, strict=True)), strict=True)
+            }
+            for k, t in v.positions.items()
+            if k.startswith(prefix)
+        }
+    return out

@@ -1,0 +1,88 @@
+"""The suite inside a validation: samples drawn before any model work (bad input fails fast), then
+scored under every variant through the engine's model pool, into the record's plain types."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+
+from mlaq.model import Precision
+from mlaq.validate.config import Variant
+from mlaq.validate.progress import Progress
+from mlaq.validate.record import TaskSampleRecord, TaskScoreRecord, TaskSuiteRecord
+from mlaq.validate.tasks.generators import TaskSample, TooShort, make_sample
+from mlaq.validate.tasks.haystack import Haystack
+from mlaq.validate.tasks.scoring import score_variants
+from mlaq.validate.tasks.spec import TaskConfig, default_lengths
+from mlaq.validate.tasks.surface import Encode
+from mlaq.validate.variants import ModelPool
+
+
+def resolve(cfg: TaskConfig, max_context: int, model: str) -> TaskConfig:
+    """``cfg`` with its lengths decided (None: the defaults within the model's context) and checked."""
+    if cfg.lengths is None:
+        cfg = replace(cfg, lengths=default_lengths(max_context))
+    cfg.check_context(max_context, model)
+    return cfg
+
+
+def draw(
+    cfg: TaskConfig, haystack: Haystack, encode: Encode, *, explicit: bool
+) -> tuple[list[TaskSample], list[str]]:
+    """The samples, and the (task, length) cells skipped because the length cannot hold the task. With
+    ``explicit`` lengths (the user's --lengths) a cell that does not fit is an error instead."""
+    samples: list[TaskSample] = []
+    skipped: list[str] = []
+    for task in cfg.tasks:
+        for length in cfg.lengths or ():
+            try:
+                samples += [make_sample(task, length, i, cfg, haystack, encode) for i in range(cfg.samples)]
+            except TooShort as exc:
+                if explicit:
+                    raise
+                skipped.append(str(exc).replace("--lengths ", "length ", 1))
+    if not samples:
+        raise ValueError(f"no task fits the model's context: {'; '.join(skipped)}")
+    return samples, skipped
+
+
+def score(
+    samples: Sequence[TaskSample],
+    cfg: TaskConfig,
+    pool: ModelPool,
+    variants: Sequence[Variant],
+    precision: Precision,
+    progress: Progress,
+) -> dict[Variant, list[TaskScoreRecord]]:
+    """Every sample under every variant. Under ``decode_only`` the haystack's prefill is shared by the
+    variants of one loaded model (it does not use the absorbed BMMs)."""
+
+    def prefill_key(v: Variant) -> tuple[int, str | None]:
+        shared = precision is Precision.DECODE_ONLY
+        return id(pool.model(v)), None if shared else v.scheme
+
+    scores = score_variants(
+        samples,
+        variants,
+        pool.model,
+        prefill_key,
+        batch_tokens=cfg.batch_tokens,
+        on_variant=lambda v: progress.step(f"{v.name}: long-context tasks ({len(samples)} samples)"),
+    )
+    return {
+        v: [TaskScoreRecord(s.correct, s.logprob, s.token_accuracy) for s in out] for v, out in scores.items()
+    }
+
+
+def suite_record(
+    cfg: TaskConfig, haystack: Haystack, samples: Sequence[TaskSample], skipped: list[str], seconds: float
+) -> TaskSuiteRecord:
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+    config["skipped"] = list(skipped)
+    wrapped = any(s.wrapped for s in samples)
+    return TaskSuiteRecord(
+        config,
+        {"path": haystack.name, "tokens": len(haystack), "wrapped": wrapped},
+        [TaskSampleRecord(s.task, s.length, s.index, s.depth, len(s.answer), s.wrapped) for s in samples],
+        seconds,
+    )

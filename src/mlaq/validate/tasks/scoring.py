@@ -1,0 +1,112 @@
+"""Scoring through the engine's model: the haystack prefilled, the query and answer decoded.
+
+As an engine runs a prompt, each sample's context up to its query is prefilled (naive MLA: the
+decompressed cache, kv_b_proj at the checkpoint's precision under ``decode_only``), and the query and
+answer tokens then run on the decode path (absorbed MLA: both BMMs with the variant's scheme, every
+layer), teacher-forced, so each answer token is read against the whole latent cache through the
+scheme — the reads whose noise grows with the number of competing keys.
+
+Two scores per sample (the answer has A tokens; position i is predicted from the tokens before it):
+- exact match: every answer token is the argmax of its position. This is exactly "greedy decoding
+  reproduces the answer": greedy's prefix equals the answer for as long as the argmaxes agree;
+- mean log-probability of the answer tokens, in nats (continuous, far more sensitive than accuracy).
+Under ``decode_only`` the prefill does not depend on the scheme, so it runs once per model and batch
+and every scheme decodes from it (its cache is truncated back after each variant).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from itertools import groupby
+
+import torch
+
+from mlaq.model import ModelCache
+from mlaq.validate.tasks.generators import TaskSample
+
+
+@dataclass(frozen=True)
+class SampleScore:
+    correct: bool  # greedy exact match of every answer token
+    logprob: float  # mean log-probability of the answer tokens (nats)
+    token_accuracy: float  # share of answer tokens that are their position's argmax
+
+
+def batches(samples: Sequence[TaskSample], batch_tokens: int) -> list[list[int]]:
+    """Indices of ``samples`` grouped by length, then chunked to at most ``batch_tokens`` tokens."""
+    out: list[list[int]] = []
+    order = sorted(range(len(samples)), key=lambda i: samples[i].length)
+    for length, group in groupby(order, key=lambda i: samples[i].length):
+        idx = list(group)
+        size = max(1, batch_tokens // length)
+        out += [idx[i : i + size] for i in range(0, len(idx), size)]
+    return out
+
+
+@torch.no_grad()
+def score_batch(
+    model: torch.nn.Module, samples: Sequence[TaskSample], cache: ModelCache, decode_from: int
+) -> list[SampleScore]:
+    """Decode the tails ``ids[decode_from:]`` of equal-length ``samples`` after ``cache`` (holding their
+    first ``decode_from`` tokens), score the answers, and truncate the cache back."""
+    ids = torch.tensor([s.ids for s in samples])  # (B, T)
+    tail = ids[:, decode_from:]  # (B, T - decode_from)
+    try:
+        logits = model.decode(tail, cache).logits  # (B, T - decode_from, V)
+    finally:
+        cache.truncate(decode_from)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    out = []
+    for b, s in enumerate(samples):
+        n = len(s.answer)
+        start = len(s.prompt) - 1 - decode_from  # the tail row that predicts the first answer token
+        rows = logprobs[b, start : start + n]  # (A, V)
+        answer = torch.tensor(s.answer)
+        hits = rows.argmax(-1) == answer
+        out.append(
+            SampleScore(
+                bool(hits.all()),
+                float(rows.gather(1, answer[:, None]).mean()),
+                float(hits.double().mean()),
+            )
+        )
+    return out
+
+
+@torch.no_grad()
+def score_variants(
+    samples: Sequence[TaskSample],
+    variants: Sequence[Hashable],
+    model_of: Callable[[Hashable], torch.nn.Module],
+    prefill_key: Callable[[Hashable], Hashable],
+    *,
+    batch_tokens: int = 4096,
+    on_variant: Callable[[Hashable], None] | None = None,
+) -> dict[Hashable, list[SampleScore]]:
+    """Scores of every sample under every variant (in ``samples`` order).
+
+    ``model_of(v)``: the model with v's BMMs prepared; ``prefill_key(v)``: variants with equal keys share
+    one prefill (same model object and the same naive-path weights)."""
+    groups = batches(samples, batch_tokens)
+    caches: dict[tuple[Hashable, int], tuple[ModelCache, int]] = {}
+    scores: dict[Hashable, list[SampleScore]] = {}
+    for v in variants:
+        if on_variant is not None:
+            on_variant(v)
+        model = model_of(v)
+        key = prefill_key(v)
+        result: list[SampleScore | None] = [None] * len(samples)
+        for g, idx in enumerate(groups):
+            group = [samples[i] for i in idx]
+            if (key, g) not in caches:
+                decode_from = min(s.query_start for s in group)
+                ids = torch.tensor([s.ids[:decode_from] for s in group])  # (B, decode_from)
+                cache = ModelCache()
+                model.prefill(ids, cache, logits_index=torch.zeros(len(group), dtype=torch.long))
+                caches[(key, g)] = (cache, decode_from)
+            cache, decode_from = caches[(key, g)]
+            for i, sc in zip(idx, score_batch(model, group, cache, decode_from), strict=True):
+                result[i] = sc
+        scores[v] = [s for s in result if s is not None]
+    return scores

@@ -1,0 +1,95 @@
+"""The verdict per scheme from summarized figures (hand-built, no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlaq.validate.intervals import min_detectable_drop
+from mlaq.validate.verdict import VerdictConfig, holm, samples_needed, verdict
+
+
+def cell(n: int, ref_right: int, cand_right: int, only_ref: int, only_cand: int, lp=(0.0, -0.01, 0.01)):
+    from mlaq.validate.intervals import mcnemar_exact
+
+    return {
+        "n": n,
+        "accuracy": cand_right / n,
+        "accuracy_delta": (cand_right - ref_right) / n,
+        "p_value_vs_bf16": mcnemar_exact(only_ref, only_cand),
+        "logprob_delta": lp[0],
+        "logprob_delta_ci": [lp[1], lp[2]],
+        "min_detectable_drop": min_detectable_drop(n, ref_right / n),
+    }
+
+
+REF = {"acceptance_rate": 0.5}
+
+
+def scheme(cells: dict, kl=1e-4, acceptance=0.5) -> dict:
+    return {"tasks": cells, "kl": kl, "acceptance_rate": acceptance}
+
+
+def test_significant_drop_is_degraded() -> None:
+    v = verdict(scheme({"needle": {"2048": cell(40, 38, 28, 10, 0)}}), REF, 8)
+    assert v["verdict"] == "degraded" and "needle at 2048" in v["reasons"][0]
+
+
+def test_same_answers_with_power_is_ok() -> None:
+    v = verdict(
+        scheme({"needle": {"512": cell(2000, 1980, 1980, 3, 3), "4096": cell(2000, 1900, 1899, 4, 3)}}),
+        REF,
+        8,
+    )
+    assert v["verdict"] == "ok", v
+    assert v["min_detectable_drop"] == pytest.approx(min_detectable_drop(2000, 0.95))
+
+
+def test_too_few_samples_is_inconclusive_and_says_how_many() -> None:
+    v = verdict(scheme({"copy": {"2048": cell(10, 9, 9, 0, 0)}}), REF, 8)
+    assert v["verdict"] == "inconclusive"
+    need = samples_needed(0.9, 0.05)
+    assert f"--task-samples {need}" in v["reasons"][0]
+    assert min_detectable_drop(need, 0.9) <= 0.05 < min_detectable_drop(need - 1, 0.9)
+
+
+def test_reference_that_cannot_do_the_task_is_inconclusive() -> None:
+    v = verdict(scheme({"multikey": {"2048": cell(500, 0, 0, 0, 0)}}), REF, 8)
+    assert v["verdict"] == "inconclusive" and "bf16 answers 0 %" in v["reasons"][0]
+    assert verdict(scheme({}), REF, 8)["reasons"] == ["no long-context task ran"]
+
+
+@pytest.mark.parametrize(
+    ("kl", "acceptance", "prompts", "status", "reason"),
+    [
+        (0.05, 0.5, 8, "degraded", "mean KL"),
+        (1e-4, 0.45, 8, "degraded", "< 0.95 x bf16"),
+        (1e-4, 0.65, 8, "degraded", "repetition makes drafting easy"),
+        (1e-4, 0.45, 4, "ok", None),  # fewer than 5 prompts: acceptance is not compared
+    ],
+)
+def test_kl_and_acceptance(kl, acceptance, prompts, status, reason) -> None:
+    ok_cells = {"needle": {"4096": cell(2000, 1900, 1900, 5, 5)}}
+    v = verdict(scheme(ok_cells, kl=kl, acceptance=acceptance), REF, prompts)
+    assert v["verdict"] == status
+    if reason:
+        assert any(reason in r for r in v["reasons"]), v["reasons"]
+
+
+def test_logprob_drop_with_its_interval_below_the_threshold() -> None:
+    bad = cell(2000, 1900, 1900, 5, 5, lp=(-0.5, -0.6, -0.4))
+    assert verdict(scheme({"needle": {"4096": bad}}), REF, 8)["verdict"] == "degraded"
+    noisy = cell(2000, 1900, 1900, 5, 5, lp=(-0.5, -0.9, 0.05))
+    assert verdict(scheme({"needle": {"4096": noisy}}), REF, 8)["verdict"] == "ok"
+
+
+def test_holm() -> None:
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    # five cells at p = 0.02 each: none survives the correction
+    cells = {"needle": {str(n): cell(40, 30, 24, 6, 0) for n in (512, 1024, 2048, 4096, 8192)}}
+    assert cells["needle"]["512"]["p_value_vs_bf16"] == pytest.approx(2 / 64)
+    assert verdict(scheme(cells), REF, 8)["verdict"] != "degraded"
+
+
+def test_bad_config() -> None:
+    with pytest.raises(ValueError, match="--max-drop"):
+        VerdictConfig(max_drop=0)
