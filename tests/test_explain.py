@@ -78,7 +78,8 @@ def test_json_is_exactly_one_object(env, capsys):
     rc, out, err = explain(capsys, R1, "--json")
     assert rc == 0 and err == ""
     obj = json.loads(out)  # raises if there is anything besides one JSON document
-    assert list(obj) == ["model_type", "settings", "layers"]
+    assert list(obj) == ["model_type", "settings", "layers", "weights_checked"]
+    assert obj["weights_checked"] is None  # config files only unless --check-weights
     assert obj["model_type"] == "deepseek_v3"
     assert obj["settings"] == {"MLAQ_FP8BMM": False, "MLAQ_FP4BMM": True, "quantization_config": None}
     assert len(obj["layers"]) == 62

@@ -66,6 +66,5 @@ def run(args: argparse.Namespace) -> int:
         out["weights_checked"] = None if weights is None else weights.to_json()
         print(json.dumps(out, indent=2))
     else:
-        print(found.text(args.model))
-        print(not_checked_note() if weights is None else weights.text())
+        print(found.text(args.model, not_checked_note() if weights is None else weights.text()))
     return 0 if weights is None or weights.ok else 1

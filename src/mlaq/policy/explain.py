@@ -19,8 +19,8 @@ class Explanation:
     mlaq: PolicyResult | None = None  # engine vllm-0.32: mlaq's own decision on the same platform
     aiter_on: PolicyResult | None = None  # ... and vLLM with VLLM_ROCM_USE_AITER=1 when it was unset
 
-    def text(self, model_path: str) -> str:
-        out = format_explain(self.result, model_path)
+    def text(self, model_path: str, weights: str | None = None) -> str:
+        out = format_explain(self.result, model_path, weights)
         if self.mlaq is not None:
             out += "\n" + format_comparison(self.result, self.mlaq, self.aiter_on)
         return out

@@ -68,8 +68,9 @@ def quantizing_line(result: PolicyResult) -> str | None:
     return vllm_online.quantizing_line(entries)
 
 
-def format_explain(result: PolicyResult, model_path: str) -> str:
-    """The full ``mlaq explain`` text: header, settings, table, summary."""
+def format_explain(result: PolicyResult, model_path: str, weights: str | None = None) -> str:
+    """The full ``mlaq explain`` text: header, settings, table, summary; ``weights`` is a header line
+    about the weights (read or not)."""
     m = result.model
     mtp = f" + {m.num_nextn_predict_layers} MTP" if m.num_nextn_predict_layers else ""
     explicit = "none" if result.explicit is None else result.explicit.describe()
@@ -78,9 +79,11 @@ def format_explain(result: PolicyResult, model_path: str) -> str:
         f"MLA layers:  {m.num_mla_layers} ({m.num_hidden_layers} decoder{mtp}); module {m.layers_prefix}.{{i}}.self_attn.kv_b_proj",
         f"checkpoint:  {result.checkpoint.describe()}",
         f"settings:    {result.settings.describe()}",
-        f"platform:    {platform.describe(result.settings.platform)}",
         f"quantization-config: {explicit}",
+        f"platform:    {platform.describe(result.settings.platform)}",
     ]
+    if weights is not None:
+        lines.append(weights)
     if result.settings.engine is Engine.VLLM_032:
         lines.append("engine:      released vLLM 0.32 with its defaults (--engine-defaults vllm-0.32)")
     lines += ["", format_table(fold(result.layers)), ""]
