@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaq.policy import decide, decide_from_dir, load_explicit, mla_model
+from mlaq.policy import decide, decide_from_dir, mla_model
 from mlaq.policy.checkpoint import NoQuant
 from mlaq.policy.explain import explain
 from mlaq.settings import Engine, Platform, Settings, VllmRocmEnv
@@ -121,7 +121,7 @@ def test_vllm_032_targets_read_as_online_linear():
     )
     r = decide_from_dir(BF16, vllm(G950), qc, log=False)  # the online weight is bf16 at init: FP4 BMM on top
     assert one(r) == ("mxfp4", "targets")
-    with pytest.raises(ValueError, match="mlaq's, not a vLLM 0.32 online shorthand"):
+    with pytest.raises(ValueError, match=r"mlaq.s, not a vLLM 0\.32 online shorthand"):
         decide_from_dir(BF16, vllm(CUDA), '{"targets": {"re:.*kv_b_proj": "fp8_per_head"}}', log=False)
     with pytest.raises(ValueError, match="needs --platform"):
         decide_from_dir(BF16, Settings(engine=Engine.VLLM_032, vllm=VllmRocmEnv()), log=False)
@@ -132,7 +132,7 @@ def test_vllm_env_defaults_and_spellings():
     assert VllmRocmEnv.from_env(
         {"VLLM_ROCM_USE_AITER": "TRUE", "VLLM_ROCM_USE_AITER_FP4BMM": "0"}
     ) == VllmRocmEnv(True, True, False)
-    with pytest.raises(ValueError, match="vLLM 0.32 reads anything but true/1 as False"):
+    with pytest.raises(ValueError, match=r"vLLM 0\.32 reads anything but true/1 as False"):
         VllmRocmEnv.from_env({"VLLM_ROCM_USE_AITER": "on"})
     s = Settings.from_env({"VLLM_ROCM_USE_AITER": "on"})  # not read unless the engine is vllm-0.32
     assert s.vllm is None
