@@ -187,3 +187,21 @@ def test_bad_inputs_are_clear():
         s.apply(torch.randn(2, 1, 8), get_scheme("fp8_per_head").prepare(torch.randn(2, 8, 4)))
     with pytest.raises(ValueError, match="expected \\(N=2, B, K=8\\)"):
         s.apply(torch.randn(2, 1, 9), s.prepare(torch.randn(2, 8, 4)))
+
+
+@pytest.mark.parametrize("dtype", [Fp8Dtype.E4M3FN, Fp8Dtype.E4M3FNUZ])
+def test_vllm_triton_group_quant_multiplies_by_the_reciprocal(dtype):
+    """vLLM's Triton per-token-group quant: scale = amax * fp32(1/max) (numpy oracle in fp32), codes =
+    x / scale; for every positive normal bf16 amax it differs from DeepSeek's amax / max for many."""
+    from mlaq.bmm.fp8_quant import deepseek_token_group_quant, vllm_token_group_quant
+
+    amax = torch.arange(0x0080, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = amax.float().reshape(1, -1, 1)  # one token per amax, K = 1
+    codes, scale = vllm_token_group_quant(x, dtype)
+    a = amax.float().numpy()
+    want = np.maximum(a, np.float32(1e-10)) * np.float32(1.0 / dtype.max)  # fp32 * fp32, rounded once
+    np.testing.assert_array_equal(scale.reshape(-1).numpy(), want)
+    div = deepseek_token_group_quant(x, dtype)[1].reshape(-1).numpy()
+    differs = float(np.mean(div != want))
+    assert 0.2 < differs < 0.8, f"reciprocal and division differ for {differs:.1%} of bf16 amax"
+    assert (codes.abs().reshape(-1) <= dtype.max).all()

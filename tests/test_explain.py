@@ -53,7 +53,7 @@ def test_table_folds_ranges_and_shows_settings(env, capsys):
 
 def test_table_with_targets(env, capsys):
     rc, out, _ = explain(
-        capsys, GLM52, "--quantization-config", '{"targets": {"model.layers.3.self_attn": "mxfp4"}}'
+        capsys, GLM52, "--quantization-config", '{"targets": {"model.layers.3.self_attn.kv_b_proj": "mxfp4"}}'
     )
     assert rc == 0
     rows = [ln.split()[:4] for ln in out.splitlines() if ln[:1].isdigit()]
@@ -63,9 +63,12 @@ def test_table_with_targets(env, capsys):
         ["4-77", "bf16", "bf16", "default"],
         ["78", "(MTP)", "bf16", "bf16"],
     ]
-    assert 'quantization-config: {"targets": {"model.layers.3.self_attn": "mxfp4"}, "ignore": []}' in out
     assert (
-        "Re-quantizing kv_b_proj in 1 of 79 MLA layers to mxfp4 (from targets: model.layers.3.self_attn)"
+        'quantization-config: {"targets": {"model.layers.3.self_attn.kv_b_proj": "mxfp4"}, "ignore": []}'
+        in out
+    )
+    assert (
+        "Re-quantizing kv_b_proj in 1 of 79 MLA layers to mxfp4 (from targets: model.layers.3.self_attn.kv_b_proj)"
         in out
     )
 
@@ -75,7 +78,8 @@ def test_json_is_exactly_one_object(env, capsys):
     rc, out, err = explain(capsys, R1, "--json")
     assert rc == 0 and err == ""
     obj = json.loads(out)  # raises if there is anything besides one JSON document
-    assert list(obj) == ["model_type", "settings", "layers"]
+    assert list(obj) == ["model_type", "settings", "layers", "weights_checked"]
+    assert obj["weights_checked"] is None  # config files only unless --check-weights
     assert obj["model_type"] == "deepseek_v3"
     assert obj["settings"] == {"MLAQ_FP8BMM": False, "MLAQ_FP4BMM": True, "quantization_config": None}
     assert len(obj["layers"]) == 62
@@ -110,7 +114,7 @@ def test_quantization_config_from_file(env, capsys, tmp_path):
         (
             [GLM52, "--quantization-config", '{"targets": {"re:.*kv_b_proj": "fp4"}}'],
             {},
-            "unknown scheme 'fp4'",
+            "fp4 is not a valid online shorthand name",
         ),
         (
             [str(FIXTURES / "constructed--DeepSeek-V3-NVFP4-attn")],

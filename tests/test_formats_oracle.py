@@ -77,7 +77,9 @@ def scale_byte_oracle(amax: np.ndarray, elem: str, rule: str) -> np.ndarray:
             k = _floor_log2_fraction(q)
             step = Fraction(2) ** (k - mbits)
             rounded = math.floor(q / step + Fraction(1, 2)) * step
-            us.append(_floor_log2_fraction(rounded) - emax)
+            # the kernels round in fp32: a rounded amax >= 2^128 is +inf there, and
+            # clamp(log2(inf) - emax) = 127 (AITER _mxfp4_quant_op / Quark even rounding)
+            us.append(127 if rounded >= Fraction(2) ** 128 else _floor_log2_fraction(rounded) - emax)
         u = np.array(us)
     else:
         raise ValueError(rule)

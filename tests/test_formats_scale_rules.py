@@ -88,3 +88,17 @@ def test_e8m0_decode():
     d = e8m0_decode(b)
     assert d[:6].tolist() == [2.0**-127, 2.0**-126, 0.5, 1.0, 2.0, 2.0**127]
     assert torch.isnan(d[6])
+
+
+def test_even_scale_at_fp32_overflow_matches_the_kernels() -> None:
+    """A finite amax whose EVEN rounding overflows fp32 (>= 1.75 * 2^127 ~ 2.98e38 for E2M1) gets byte 254,
+    as vLLM 0.32's Triton MXFP4 quantizer (utils/mxfp4_utils.py: rounded amax -> +inf, clamp -> 127),
+    AITER dynamic_mxfp4_quant and Quark do; pinned bytes worked out by hand from that code."""
+    edge = np.float32(1.75 * 2.0**127)
+    below = np.nextafter(edge, np.float32(0))
+    amax = torch.tensor([below, edge, 3.0e38, np.finfo(np.float32).max], dtype=torch.float32)
+    got = (e8m0_scale_exponent(amax, MxElem.E2M1, ScaleRule.EVEN) + 127).tolist()
+    assert got == [252, 254, 254, 254]
+    # MXFP8 E4M3 carries at (2 - 2^-4) * 2^127
+    edge8 = torch.tensor([np.nextafter(np.float32(1.9375 * 2.0**127), np.float32(0)), 1.9375 * 2.0**127])
+    assert (e8m0_scale_exponent(edge8.float(), MxElem.E4M3, ScaleRule.EVEN) + 127).tolist() == [246, 254]

@@ -84,7 +84,7 @@ def test_explicit_targets_on_real_fixtures():
 
 
 def test_explicit_ignore_exempts_from_flags():
-    qc = '{"ignore": ["model.layers.5.self_attn"]}'
+    qc = '{"ignore": ["model.layers.5.self_attn.kv_b_proj"]}'
     assert table("zai-org--GLM-4.7-Flash", FP4, qc) == [
         (0, 4, "bf16", "mxfp4", "flag"),
         (5, 5, "bf16", "bf16", "ignore"),
@@ -141,7 +141,7 @@ def test_glm52_mxfp4_guard_keeps_bf16_in_all_79_layers(settings, rule):
 def test_glm52_mxfp4_explicit_targets_still_win():
     qc = '{"targets": {"re:.*kv_b_proj": "mxfp4"}}'
     assert table("constructed--GLM-5.2-MXFP4", BOTH, qc) == uniform(78, "bf16", "mxfp4", "targets")
-    qc = '{"targets": {"model.layers.3.self_attn": "mxfp4_w4a16"}}'
+    qc = '{"targets": {"model.layers.3.self_attn.kv_b_proj": "mxfp4_w4a16"}}'
     assert table("constructed--GLM-5.2-MXFP4", BOTH, qc) == [
         (0, 2, "bf16", "bf16", "guard"),
         (3, 3, "bf16", "mxfp4_w4a16", "targets"),

@@ -100,7 +100,7 @@ def test_inline_and_file(tmp_path):
         ("{targets", "--quantization-config: not valid JSON"),
         ("[1]", "expected a JSON object"),
         ('{"target": {}}', r"unknown keys \['target'\]"),
-        ('{"targets": ["re:.*"]}', "'targets' must be an object"),
+        ('{"targets": ["re:.*"]}', "targets must be a dict, got list"),
         ('{"ignore": "lm_head"}', "ignore must be a list"),
         ('{"targets": {"re:(": "mxfp4"}}', "is not a valid regular expression"),
         ("@/nonexistent/q.json", "no such file"),
@@ -114,38 +114,48 @@ def test_parse_errors(text, message):
 # --- checked against a model ---------------------------------------------------------------------
 
 
-def test_pattern_matching_no_module_is_an_error():
-    with pytest.raises(ValueError, match=r"targets pattern 're:.*kv_c_proj' matches no module of this model"):
+def test_targets_matching_no_kv_b_proj_is_an_error():
+    with pytest.raises(
+        ValueError, match=r"targets pattern 're:.*kv_c_proj' matches no layer but no kv_b_proj"
+    ):
         match_model(load({"targets": {"re:.*kv_c_proj": "mxfp4"}}), MODEL)
-    with pytest.raises(ValueError, match=r"ignore pattern 'model.layers.9.self_attn' matches no module"):
-        match_model(load({"ignore": ["model.layers.9.self_attn"]}), MODEL)  # only 0..4 exist
-    with pytest.raises(ValueError, match="matches no module"):
-        match_model(load({"ignore": ["lm_head"]}), MODEL)  # mlaq knows only the MLA modules
+    # vLLM matches a layer's own name: a parent module's name targets nothing there, so nothing here
+    with pytest.raises(ValueError, match="not a module above it"):
+        match_model(load({"targets": {"model.layers.3.self_attn": "mxfp4"}}), MODEL)
+
+
+def test_ignore_may_name_any_layer_as_in_vllm():
+    for ignore in (["lm_head"], ["model.layers.9.self_attn"], ["model.layers.3.self_attn"]):
+        assert all(x.ignore is None for x in match_model(load({"ignore": ignore}), MODEL))
 
 
 def test_targets_on_other_attention_linears_is_an_error():
     with pytest.raises(ValueError) as exc:
         match_model(load({"targets": {"re:.*q_b_proj": "mxfp4"}}), MODEL)
     msg = str(exc.value)
-    assert "matches only model.layers.0.self_attn.q_b_proj, model.layers.1.self_attn.q_b_proj" in msg
-    assert "only kv_b_proj's absorbed BMMs can be targeted" in msg
+    assert "matches model.layers.0.self_attn.q_b_proj, model.layers.1.self_attn.q_b_proj" in msg
+    assert "but no kv_b_proj" in msg
+    # a pattern over kv_b_proj AND other linears: vLLM would quantize them all; mlaq cannot
+    with pytest.raises(ValueError, match=r"also matches model\.layers\.0\.self_attn\.q_a_proj"):
+        match_model(load({"targets": {"re:.*self_attn.*": "fp8_per_tensor"}}), MODEL)
 
 
 def test_q_proj_exists_only_without_q_lora():
     no_lora = mla_model({**ARCH, "q_lora_rank": None})
-    with pytest.raises(ValueError, match="only kv_b_proj's absorbed BMMs"):
+    with pytest.raises(ValueError, match=r"matches model\.layers\.0\.self_attn\.q_proj"):
         match_model(load({"targets": {"re:.*\\.q_proj$": "mxfp4"}}), no_lora)
-    with pytest.raises(ValueError, match="matches no module"):
+    with pytest.raises(ValueError, match="matches no layer"):
         match_model(load({"targets": {"re:.*\\.q_proj$": "mxfp4"}}), MODEL)
 
 
 def test_more_than_one_target_is_an_error():
-    cfg = {"targets": {"re:.*kv_b_proj": "mxfp4", "model.layers.2.self_attn": "fp8_per_tensor"}}
+    cfg = {"targets": {"re:.*kv_b_proj": "mxfp4", "model.layers.2.self_attn.kv_b_proj": "fp8_per_tensor"}}
     with pytest.raises(ValueError) as exc:
         match_model(load(cfg), MODEL)
-    assert str(exc.value) == (
-        "--quantization-config: kv_b_proj of layers 2 is matched by more than one targets pattern "
-        "('re:.*kv_b_proj', 'model.layers.2.self_attn'); each layer may match at most one"
+    assert str(exc.value) == (  # vLLM's words (online/base.py)
+        "--quantization-config: Layer model.layers.2.self_attn.kv_b_proj matches multiple "
+        "quantization_config.targets patterns: ['re:.*kv_b_proj', 'model.layers.2.self_attn.kv_b_proj']. "
+        "Each layer may match at most one target."
     )
 
 
@@ -154,8 +164,8 @@ def test_ignore_and_targets_on_one_layer_is_an_error():
     with pytest.raises(ValueError) as exc:
         match_model(load(cfg), MODEL)
     assert str(exc.value) == (
-        "--quantization-config: kv_b_proj of layers 3-4 is matched by both targets pattern '*kv_b_proj' "
-        "and ignore pattern 're:model.layers.[34].*'; a layer is either targeted or ignored"
+        "--quantization-config: Layer model.layers.3.self_attn.kv_b_proj matches both quantization_config.ignore "
+        "and quantization_config.targets (['*kv_b_proj']); a layer may not be referenced by both."
     )
 
 
@@ -166,7 +176,13 @@ def test_ignore_may_name_other_attention_modules():
 
 def test_match_per_layer():
     m = match_model(
-        load({"targets": {"model.layers.1.self_attn": "mxfp4"}, "ignore": ["model.layers.4"]}), MODEL
+        load(
+            {
+                "targets": {"model.layers.1.self_attn.kv_b_proj": "mxfp4"},
+                "ignore": ["model.layers.4.self_attn.kv_b_proj"],
+            }
+        ),
+        MODEL,
     )
     assert [x.target is not None for x in m] == [False, True, False, False, False]
     assert [x.ignore is not None for x in m] == [False, False, False, False, True]
@@ -188,7 +204,7 @@ def test_unknown_method_needs_targets_for_every_layer(tmp_path):
 
 
 def test_decide_rejects_unregistered_target_scheme_via_loader():
-    with pytest.raises(ValueError, match="unknown scheme 'fp8_per_row'"):
+    with pytest.raises(ValueError, match="fp8_per_row is not a valid online shorthand name"):
         decide_from_dir(FIXTURES / "zai-org--GLM-4.7-Flash", Settings(), '{"targets": {"*": "fp8_per_row"}}')
 
 

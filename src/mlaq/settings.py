@@ -5,7 +5,12 @@ else in mlaq looks at ``os.environ``. Unlike vLLM's ``value.lower() in ("true", 
 silently means False), a value mlaq does not understand is an error.
 
 >>> Settings.from_env({"MLAQ_FP4BMM": "on"})
-Settings(fp8bmm=False, fp4bmm=True)
+Settings(fp8bmm=False, fp4bmm=True, platform=None, engine=<Engine.MLAQ: 'mlaq'>, vllm=None)
+
+Two choices are not environment variables but travel with the settings, so every consumer of the
+policy sees them: ``platform`` (the GPU a decision is for; None = mlaq's CPU emulation, where every
+scheme exists) and ``engine`` (whose rules decide: mlaq's, or released vLLM 0.32's defaults, which
+read vLLM's own ROCm variables into :class:`VllmRocmEnv`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 TRUE_SPELLINGS = ("1", "true", "yes", "on")
@@ -32,8 +38,60 @@ def parse_bool(name: str, value: str | None, default: bool) -> bool:
     raise ValueError(f"{name}={value!r} is not a boolean; accepted values: {ACCEPTED}")
 
 
-def _env_field(env: str, doc: str) -> Any:
-    return field(default=False, metadata={"env": env, "doc": doc})
+def _env_field(env: str, doc: str, default: bool = False) -> Any:
+    return field(default=default, metadata={"env": env, "doc": doc})
+
+
+class Platform(str, Enum):
+    """Where a deployment runs (``--platform``): decides which AITER kernels and FP8 dtype exist."""
+
+    ROCM_GFX942 = "rocm-gfx942"  # MI300X/MI325X: CDNA 3, e4m3fnuz, no MX
+    ROCM_GFX950 = "rocm-gfx950"  # MI355X: CDNA 4, e4m3fn, MX
+    CUDA = "cuda"
+    CPU = "cpu"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Engine(str, Enum):
+    """Whose rules decide (``--engine-defaults``): mlaq's policy, or released vLLM 0.32 with its defaults."""
+
+    MLAQ = "mlaq"
+    VLLM_032 = "vllm-0.32"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class VllmRocmEnv:
+    """vLLM 0.32's ROCm switches for the MLA BMMs, with vLLM's defaults (vllm/envs.py): the master flag
+    VLLM_ROCM_USE_AITER defaults to False, the two BMM flags to True. vLLM reads
+    ``value.lower() in ("true", "1")``; mlaq refuses a spelling vLLM would silently read as False."""
+
+    aiter: bool = _env_field("VLLM_ROCM_USE_AITER", "vLLM's AITER master switch (vLLM default 0)")
+    fp8bmm: bool = _env_field("VLLM_ROCM_USE_AITER_FP8BMM", "AITER FP8 BMM for MLA (vLLM default 1)", True)
+    fp4bmm: bool = _env_field("VLLM_ROCM_USE_AITER_FP4BMM", "AITER FP4 BMM for MLA (vLLM default 1)", True)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> VllmRocmEnv:
+        values = {}
+        for f in fields(cls):
+            name, raw = f.metadata["env"], env.get(f.metadata["env"])
+            if raw is None:
+                values[f.name] = f.default
+            elif raw.lower() in ("true", "1", "false", "0"):
+                values[f.name] = raw.lower() in ("true", "1")  # vllm/envs.py's own test
+            else:
+                raise ValueError(
+                    f"{name}={raw!r}: vLLM 0.32 reads anything but true/1 as False (vllm/envs.py); "
+                    "set 1/true or 0/false"
+                )
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        return {f.metadata["env"]: "1" if getattr(self, f.name) else "0" for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -47,31 +105,63 @@ class Settings:
         "MLAQ_FP4BMM", "re-quantize bf16/fp16 kv_b_proj BMM weights to mxfp4 online (wins over FP8)"
     )
 
+    platform: Platform | None = None  # None: mlaq's emulation (every scheme, on any CPU)
+    engine: Engine = Engine.MLAQ
+    vllm: VllmRocmEnv | None = None  # read only for engine vllm-0.32
+
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read every variable from ``environ`` (default: ``os.environ``) once."""
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        platform: Platform | str | None = None,
+        engine: Engine | str = Engine.MLAQ,
+    ) -> Settings:
+        """Read every variable from ``environ`` (default: ``os.environ``) once; vLLM's ROCm variables
+        only when ``engine`` is vllm-0.32."""
         env = os.environ if environ is None else environ
-        values = {
-            f.name: parse_bool(f.metadata["env"], env.get(f.metadata["env"]), f.default) for f in fields(cls)
+        values: dict[str, Any] = {
+            f.name: parse_bool(f.metadata["env"], env.get(f.metadata["env"]), f.default)
+            for f in fields(cls)
+            if "env" in f.metadata
         }
-        return cls(**values)
+        engine = Engine(engine)
+        vllm = VllmRocmEnv.from_env(env) if engine is Engine.VLLM_032 else None
+        plat = None if platform is None else Platform(platform)
+        return cls(**values, platform=plat, engine=engine, vllm=vllm)
 
     @staticmethod
     def variable(attr: str) -> str:
         """The environment variable behind a field, e.g. ``variable("fp4bmm") == "MLAQ_FP4BMM"``."""
         for f in fields(Settings):
-            if f.name == attr:
+            if f.name == attr and "env" in f.metadata:
                 return f.metadata["env"]
         raise KeyError(attr)
 
     def to_env(self) -> dict[str, str]:
-        """``{"MLAQ_FP8BMM": "0", "MLAQ_FP4BMM": "1"}``: how reports show the settings used."""
-        return {f.metadata["env"]: "1" if getattr(self, f.name) else "0" for f in fields(self)}
+        """``{"MLAQ_FP8BMM": "0", "MLAQ_FP4BMM": "1"}`` (plus vLLM's ROCm variables for engine vllm-0.32)."""
+        env = {
+            f.metadata["env"]: "1" if getattr(self, f.name) else "0"
+            for f in fields(self)
+            if "env" in f.metadata
+        }
+        return {**env, **(self.vllm.to_env() if self.vllm is not None else {})}
 
-    def to_json(self) -> dict[str, bool]:
-        """``{"MLAQ_FP8BMM": false, "MLAQ_FP4BMM": true}``."""
-        return {f.metadata["env"]: bool(getattr(self, f.name)) for f in fields(self)}
+    def to_json(self) -> dict[str, Any]:
+        """``{"MLAQ_FP8BMM": false, "MLAQ_FP4BMM": true}``; ``platform`` / ``engine`` (and vLLM's
+        variables) only when they are not mlaq's defaults, so older reports read the same."""
+        out: dict[str, Any] = {k: v == "1" for k, v in self.to_env().items()}
+        if self.platform is not None:
+            out["platform"] = self.platform.value
+        if self.engine is not Engine.MLAQ:
+            out["engine"] = self.engine.value
+        return out
 
     def describe(self) -> str:
-        """One line: ``MLAQ_FP8BMM=0 MLAQ_FP4BMM=1``."""
-        return " ".join(f"{k}={v}" for k, v in self.to_env().items())
+        """One line: ``MLAQ_FP8BMM=0 MLAQ_FP4BMM=1`` (then ``platform=...`` and ``engine=...`` when set)."""
+        words = [f"{k}={v}" for k, v in self.to_env().items()]
+        if self.platform is not None:
+            words.append(f"platform={self.platform}")
+        if self.engine is not Engine.MLAQ:
+            words.append(f"engine={self.engine}")
+        return " ".join(words)

@@ -203,7 +203,8 @@ class Fp8PerBlock(_Fp8Scheme):
     block = (128, 128)  # (K, M) block of the weight
     arithmetic = (
         "DeepSeek-V3 block FP8: {dtype} weight with one scale per 128x128 block of (K, M) per head "
-        "(amax/{max}), activations quantized per token per 128 along K (x / (amax/{max})), per K-block "
+        "(amax/{max}), activations quantized per token per 128 along K as DeepSeek-V3's act_quant does "
+        "(x / (amax/{max}), true divisions), per K-block "
         "code dot products times (activation scale x weight scale) accumulated in fp32, bf16 output"
     )
 

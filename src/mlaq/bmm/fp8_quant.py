@@ -60,8 +60,28 @@ def aiter_token_group_quant(x: Tensor, dtype: Fp8Dtype, group: int = FP8_GROUP) 
     return codes.reshape(n, b, g * group)[..., :k], a_scale.squeeze(-1)
 
 
+def vllm_token_group_quant(x: Tensor, dtype: Fp8Dtype, group: int = FP8_GROUP) -> tuple[Tensor, Tensor]:
+    """vLLM's Triton ``_per_token_group_quant_fp8`` (vLLM 0.32 utils/fp8_utils.py): per token per ``group``
+    along K, ``scale = max(amax, 1e-10) * fp32(1 / max)`` (multiply by the rounded reciprocal, not
+    ``amax / max``), codes = ``cast(clamp(x / scale))`` (a true division). The ragged tail group is
+    masked to zeros, as the kernel's masked load does.
+
+    (N, B, K) -> (fp32 codes (N, B, K), fp32 scales (N, B, G)).
+    """
+    n, b, k = x.shape
+    g = math.ceil(k / group)
+    xf = torch.nn.functional.pad(x.to(torch.bfloat16).float(), (0, g * group - k))
+    xg = xf.reshape(n, b, g, group)  # (N, B, K) -> (N, B, G, group)
+    m = xg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10)
+    one_over_max = torch.tensor(1.0 / dtype.max, dtype=torch.float32)  # `1.0 / fp8_max`, a constexpr
+    scale = m * one_over_max
+    codes = fp8_cast(xg / scale, dtype).float()
+    return codes.reshape(n, b, g * group)[..., :k], scale.squeeze(-1)
+
+
 def deepseek_token_group_quant(x: Tensor, dtype: Fp8Dtype, group: int = FP8_GROUP) -> tuple[Tensor, Tensor]:
-    """DeepSeek-V3 ``act_quant`` / vLLM ``per_token_group_quant_fp8``: scale = amax / max, codes = x / scale.
+    """DeepSeek-V3 ``act_quant`` (inference/kernel.py): scale = amax / max, codes = x / scale (both true
+    fp32 divisions; vLLM's Triton group quant differs, see :func:`vllm_token_group_quant`).
 
     (N, B, K) -> (fp32 codes (N, B, K), fp32 scales (N, B, G)); ragged tail group has its own scale.
     """

@@ -1,13 +1,36 @@
 """``mlaq explain MODEL`` — which BMM scheme every MLA layer's kv_b_proj gets, and why.
 
-Reads only the checkpoint's config files (config.json, hf_quant_config.json); no weights.
-Prints a table folding consecutive identical layers into ranges, plus the settings used;
-``--json`` prints exactly one JSON object ``{"model_type", "settings", "layers"}``.
+Reads only the checkpoint's config files (config.json, hf_quant_config.json) unless ``--check-weights``
+(then it also reads every kv_b_proj weight and reports NaN/inf). Prints a table folding consecutive
+identical layers into ranges, plus the settings used; ``--json`` prints exactly one JSON object
+``{"model_type", "settings", "layers", ...}``. ``--platform`` decides for one GPU kind;
+``--engine-defaults vllm-0.32`` shows what released vLLM 0.32 would run there, next to mlaq's decision.
 """
 
 from __future__ import annotations
 
 import argparse
+
+PLATFORMS = ("rocm-gfx942", "rocm-gfx950", "cuda", "cpu")
+ENGINES = ("mlaq", "vllm-0.32")
+
+
+def add_platform_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--platform`` and ``--engine-defaults``, shared with ``mlaq validate --as-configured``."""
+    parser.add_argument(
+        "--platform",
+        choices=PLATFORMS,
+        default=None,
+        help="decide for this GPU kind: which AITER BMMs exist and the FP8 dtype (default: mlaq's CPU "
+        "emulation, where every scheme exists)",
+    )
+    parser.add_argument(
+        "--engine-defaults",
+        choices=ENGINES,
+        default="mlaq",
+        help="whose rules decide: mlaq's policy (default), or released vLLM 0.32 with its defaults and your "
+        "VLLM_ROCM_USE_AITER* variables (needs --platform)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantization-config",
-        metavar="JSON|@FILE",
-        help='explicit per-layer choice: \'{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}\' or @file.json',
+        metavar="JSON|@FILE|FILE",
+        help='vLLM 0.32\'s config: \'{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}\', @file.json or a path',
+    )
+    add_platform_arguments(parser)
+    parser.add_argument(
+        "--check-weights",
+        action="store_true",
+        help="also read every kv_b_proj weight from the safetensors files and report NaN/inf",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
@@ -25,13 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from mlaq.policy import decide_from_dir
-    from mlaq.policy.report import format_explain
+    from mlaq.model.kv_b_check import check_kv_b_weights, not_checked_note
+    from mlaq.policy.explain import explain
     from mlaq.settings import Settings
 
-    result = decide_from_dir(args.model, Settings.from_env(), args.quantization_config, log=False)
+    settings = Settings.from_env(platform=args.platform, engine=args.engine_defaults)
+    found = explain(args.model, settings, args.quantization_config)
+    weights = check_kv_b_weights(args.model, found.result) if args.check_weights else None
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        out = found.to_json()
+        out["weights_checked"] = None if weights is None else weights.to_json()
+        print(json.dumps(out, indent=2))
     else:
-        print(format_explain(result, args.model))
-    return 0
+        print(found.text(args.model, not_checked_note() if weights is None else weights.text()))
+    return 0 if weights is None or weights.ok else 1

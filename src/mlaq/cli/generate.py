@@ -6,11 +6,28 @@ from __future__ import annotations
 import argparse
 
 
+def _token_ids(text: str) -> list[int]:
+    """``"1,2,3"``, ``"1 2 3"`` or ``"[1, 2, 3]"`` -> [1, 2, 3] (argparse turns a ValueError into one line)."""
+    words = text.strip().removeprefix("[").removesuffix("]").replace(",", " ").split()
+    if not words or not all(w.isdigit() for w in words):
+        raise argparse.ArgumentTypeError(
+            f"expected non-negative integers like 1,2,3 or [1, 2, 3], got {text!r}"
+        )
+    return [int(w) for w in words]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", metavar="MODEL", help="checkpoint directory (config.json, safetensors, tokenizer.json)"
     )
-    parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
+    parser.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
+    parser.add_argument(
+        "--prompt-token-ids",
+        action="append",
+        type=_token_ids,
+        metavar="IDS",
+        help="a prompt as token ids, '1,2,3' or '[1, 2, 3]' (repeat for a batch; no tokenizer.json needed)",
+    )
     parser.add_argument(
         "--chat", action="store_true", help="wrap each prompt as a user message (chat template)"
     )
@@ -70,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         stop=args.stop,
     )
-    prompts: list = list(args.prompt)
+    if bool(args.prompt) == bool(args.prompt_token_ids):
+        raise ValueError("give prompts either as --prompt TEXT or as --prompt-token-ids IDS (one of the two)")
+    prompts: list = list(args.prompt or [{"prompt_token_ids": ids} for ids in args.prompt_token_ids])
+    if args.chat and args.prompt_token_ids:
+        raise ValueError("--chat wraps text prompts; --prompt-token-ids are passed as they are")
     if args.chat:
         if llm.tokenizer is None:
             raise ValueError("--chat needs the checkpoint's tokenizer.json")
@@ -82,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.stream:
         if len(prompts) != 1:
-            raise ValueError("--stream takes exactly one --prompt")
+            raise ValueError("--stream takes exactly one prompt")
         for delta in llm.generate_stream(prompts, params):
             sys.stdout.write(delta.outputs[0].text)
             sys.stdout.flush()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from mlaq.cli.explain import add_platform_arguments
 from mlaq.validate import defaults as d
 from mlaq.validate.defaults import DEFAULT_SCHEMES
 
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON|@FILE",
         help="explicit per-layer schemes for --as-configured: '{\"targets\": {PATTERN: SCHEME}}' (implies it)",
     )
+    add_platform_arguments(parser)  # --platform / --engine-defaults: only with --as-configured
     parser.add_argument(
         "--num-speculative-tokens",
         type=int,
@@ -131,12 +133,18 @@ def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported l
     if not (model / "config.json").is_file():
         raise FileNotFoundError(f"{model}: not a checkpoint directory (no config.json)")
     as_configured = args.as_configured or args.quantization_config is not None
+    if not as_configured and (args.platform is not None or args.engine_defaults != "mlaq"):
+        raise ValueError(
+            "--platform and --engine-defaults decide what --as-configured measures; add --as-configured"
+        )
     return ValidateConfig(
         model=model,
         eval_text=Path(args.eval_text) if args.eval_text else default_eval_text(model),
         schemes=_schemes(args.schemes, as_configured),
         as_configured=as_configured,
-        settings=Settings.from_env() if as_configured else Settings(),
+        settings=Settings.from_env(platform=args.platform, engine=args.engine_defaults)
+        if as_configured
+        else Settings(),
         quantization_config=args.quantization_config,
         precision=precision_of(args.precision),
         context_len=args.context_len,

@@ -6,9 +6,12 @@ Every granularity the engines use is one block spec (one entry per dim, see ``bl
   per-token-group g       (1, ..., 1, g)         DeepSeek-V3 / AITER 1x128 activations; ragged tail group
   2-D blocks              (..., 128, 128)        DeepSeek-V3 ``weight_scale_inv``; ragged edges
 
-Scale per block = amax / fp8_max in fp32; codes = fp8_cast(x / scale) (true fp32 division, as AITER's
-torch reference and vLLM's Triton ``per_token_group_quant_fp8`` do; vLLM's CUDA kernels multiply by
-the reciprocal instead, which can differ by one fp32 ulp before the cast).
+Scale per block = amax / fp8_max in fp32; codes = fp8_cast(x / scale) (true fp32 divisions, as AITER's
+torch reference and DeepSeek-V3's ``act_quant`` do). vLLM's Triton ``_per_token_group_quant_fp8``
+(vLLM 0.32 model_executor/layers/quantization/utils/fp8_utils.py) forms the scale as
+``amax * fp32(1 / fp8_max)`` instead, a multiply by the rounded reciprocal that differs from
+``amax / 448`` by one fp32 ulp for about half of all bf16 amax; it then divides ``x / scale`` for the
+codes. ``mlaq.bmm.fp8_quant.vllm_token_group_quant`` emulates that kernel.
 
 All-zero blocks: engines differ only in the stored scale (the codes are 0 either way):
 AITER ``pertoken_quant`` (torch reference) stores scale 1.0; vLLM's Triton group quant floors amax at

@@ -4,6 +4,7 @@ u is the block's scale exponent (scale = 2^u), clamped to [-127, 127]; the store
 With a = block amax (fp32) and emax/max/mbits of the element type:
   FLOOR  u = floor(log2 a) - emax                     OCP spec §6.3, microxcaling, torchao default, Quark export
   EVEN   u = floor(log2 round(a, mbits)) - emax      AMD Quark default, AITER Triton dynamic_mxfp4_quant
+         (rounded in fp32: a rounded amax that overflows to inf gives u = 127, as the kernels do)
   RCEIL  u = ceil(log2(a / max))                      NVIDIA cuBLAS/TE, DeepSeek ue8m0
   CEIL   u = ceil(log2 a) - emax                      torchao option
 Special blocks: amax == 0 -> byte 0x00 (u = -127); NaN -> byte 0xFF (u = 128). mlaq also maps an
@@ -68,6 +69,12 @@ def e8m0_scale_exponent(amax: Tensor, elem: MxElem, rule: ScaleRule) -> Tensor:
         bits = a.view(torch.int32).to(torch.int64) + (1 << (22 - elem.mbits))
         field = (bits >> 23) & 0xFF
         u = torch.where(field == 0, -E8M0_BIAS, field - E8M0_BIAS) - elem.emax
+        # A finite amax that rounds up past fp32 max (>= (2 - 2^-(mbits+1)) * 2^127, ~2.98e38 for E2M1)
+        # carries into exponent field 255: the kernels' rounded amax is +inf, log2(inf) - emax clamps to
+        # 127, byte 254 (vLLM 0.32 model_executor/layers/quantization/utils/mxfp4_utils.py
+        # `(max_val + 0x200000) & 0x7F800000` then `clamp(log2(.).floor() - 2, -127, 127)`; AITER's
+        # dynamic_mxfp4_quant and Quark's even rounding do the same), not field - 127 - emax.
+        u = torch.where(field == 0xFF, E8M0_BIAS, u)
     else:
         d = a.double()
         if rule is ScaleRule.RCEIL:

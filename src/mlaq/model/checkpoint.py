@@ -8,6 +8,7 @@ in memory. Every error names the file and, where there is one, the tensor.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
@@ -18,6 +19,8 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 SINGLE_FILE = "model.safetensors"
+TEXT_PREFIXES = ("language_model.",)  # multimodal checkpoints that nest the text model (Kimi-K2.5)
+_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -34,6 +37,7 @@ class SafetensorsCheckpoint:
         self._stack = ExitStack()
         self._handles: dict[Path, Any] = {}
         self._where: dict[str, Path] = {}
+        self._stored: dict[str, str] = {}  # name mlaq reads -> name in the file
 
     def _resolve_files(self) -> list[Path]:
         index = self.directory / INDEX_FILE
@@ -73,7 +77,23 @@ class SafetensorsCheckpoint:
         except BaseException:
             self._stack.close()
             raise
+        self._stored = {name: name for name in self._where}
+        self._strip_text_prefix()
         return self
+
+    def _strip_text_prefix(self) -> None:
+        """Kimi-K2.5 (``model_type: kimi_k25``) stores its text model as ``language_model.model.layers.N.*``
+        and ``language_model.lm_head.weight`` beside a vision tower (its model.safetensors.index.json):
+        read those under the names of the text model (``model.layers.N.*``, ``lm_head.weight``)."""
+        for prefix in TEXT_PREFIXES:
+            if (
+                not self.has("model.embed_tokens.weight")
+                and f"{prefix}model.embed_tokens.weight" in self._where
+            ):
+                inner = {n[len(prefix) :]: n for n in self._where if n.startswith(prefix)}
+                self._stored = {**{n: n for n in self._where}, **inner}
+                self._where = {**self._where, **{n: self._where[s] for n, s in inner.items()}}
+                return
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -88,21 +108,48 @@ class SafetensorsCheckpoint:
         return list(self._where)
 
     def has(self, name: str) -> bool:
-        return name in self._where
+        return name in self._where or self._stacked(name) is not None
+
+    def _stacked(self, name: str) -> tuple[str, int, slice | None] | None:
+        """transformers 5 saves routed experts stacked: ``mlp.experts.gate_up_proj`` [E, 2I, H] (gate rows
+        first) and ``mlp.experts.down_proj`` [E, H, I]. A per-expert name -> (stacked name, expert, rows)."""
+        m = _PER_EXPERT.match(name)
+        if m is None or name in self._where:
+            return None
+        base, e, proj = m.group(1), int(m.group(2)), m.group(3)
+        stacked = f"{base}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
+        if stacked not in self._where:
+            return None
+        if proj == "down_proj":
+            return stacked, e, None
+        half = self.shape(stacked)[1] // 2
+        return stacked, e, slice(0, half) if proj == "gate_proj" else slice(half, 2 * half)
 
     def file_of(self, name: str) -> Path:
+        stacked = self._stacked(name)
+        if stacked is not None:
+            return self._where[stacked[0]]
         if name not in self._where:
             raise ValueError(f"tensor {name!r} is missing from the checkpoint in {self.directory}")
         return self._where[name]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handles[self.file_of(name)].get_slice(name).get_shape())
+        if self._stacked(name) is not None:
+            return tuple(self.get(name).shape)
+        return tuple(self._handles[self.file_of(name)].get_slice(self._stored.get(name, name)).get_shape())
 
     def get(self, name: str) -> Tensor:
         """Read one tensor (memory-mapped; a copy is made only by later conversions)."""
         file = self.file_of(name)
+        stacked = self._stacked(name)
+        stored = stacked[0] if stacked is not None else name
         try:
-            return self._handles[file].get_tensor(name)
+            handle = self._handles[file]
+            if stacked is None:
+                return handle.get_tensor(self._stored.get(name, name))
+            _, e, rows = stacked
+            full = handle.get_slice(self._stored.get(stored, stored))
+            return full[e] if rows is None else full[e, rows.start : rows.stop]
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise ValueError(f"{file}: cannot read tensor {name!r} ({exc})") from exc
 

@@ -66,6 +66,7 @@ def load_model(
     dtype = checkpoint_dtype(cfg) if dtype is None else dtype
     with SafetensorsCheckpoint(path) as ckpt:  # validates the files before the policy reads the index
         policy = decide_from_dir(path, settings, quantization_config)
+        _check_emulable(policy.layers)
         n_mtp = _mtp_layers_present(cfg, ckpt, load_mtp)
         first_mtp = cfg.num_hidden_layers
         model = DeepseekForCausalLM(
@@ -83,6 +84,18 @@ def load_model(
     model.bmm_decisions = policy.layers
     model.policy = policy
     return model.eval()
+
+
+def _check_emulable(decisions: tuple) -> None:
+    """vLLM 0.32's targets on kv_b_proj quantize it as a linear along its own axes, then the BMMs read the
+    dequantized weight: explain shows that, but the loader has no such weight path, so refuse it."""
+    online = next((d for d in decisions if d.online is not None), None)
+    if online is not None:
+        raise ValueError(
+            f"--engine-defaults vllm-0.32 with targets: vLLM quantizes {online.module} online as a linear "
+            f"({online.online}) and runs its BMMs on the dequantized weight; mlaq cannot emulate that weight "
+            "yet. `mlaq explain` shows the decision; measure mlaq's meaning of the config without --engine-defaults"
+        )
 
 
 def _mtp_layers_present(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, load_mtp: bool | None) -> int:

@@ -79,8 +79,28 @@ class CheckpointQuant:
             )
         if method == "fp8" and qc.get("fmt", "e4m3") != "e4m3":
             raise ValueError(f"{source}: fp8 checkpoint fmt {qc.get('fmt')!r} is not supported (only 'e4m3')")
+        if method == "quark":
+            _refuse_quark_fp4_inputs(qc, source)
         block = qc.get("weight_block_size") or _ct_block(qc) or (128, 128)
         return cls(method, (int(block[0]), int(block[1])))
+
+
+def _refuse_quark_fp4_inputs(qc: Mapping[str, Any], source: str) -> None:
+    """A Quark spec with dynamic MXFP4 ``input_tensors`` (W4A4) asks every such linear to quantize its
+    activations at run time; mlaq runs checkpoint linears weights-only, which moved logits 0.8-1.0
+    (relative) away from Quark's own simulation. Refuse rather than run something else."""
+    specs = [("global_quant_config", qc.get("global_quant_config"))]
+    for key in ("layer_type_quant_config", "layer_quant_config"):
+        specs += [(f"{key}[{k!r}]", v) for k, v in (qc.get(key) or {}).items()]
+    for where, spec in specs:
+        inputs = (spec or {}).get("input_tensors") if isinstance(spec, Mapping) else None
+        weight = (spec or {}).get("weight") if isinstance(spec, Mapping) else None
+        if isinstance(inputs, Mapping) and inputs.get("dtype") in ("fp4", "mxfp4") and weight:
+            raise ValueError(
+                f"{source}: quantization_config.{where} quantizes input_tensors dynamically to MXFP4 (W4A4); mlaq "
+                "runs checkpoint linears weights-only and does not emulate quantized linear activations, so it "
+                "refuses to load it (`mlaq explain` still reads it; a W4A16 export, input_tensors null, loads)"
+            )
 
 
 def _ct_block(qc: Mapping[str, Any]) -> list[int] | None:

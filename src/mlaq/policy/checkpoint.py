@@ -8,7 +8,7 @@ answers, for a kv_b_proj module name: how is it stored, and does the config leav
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,3 +103,13 @@ def mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where} must be a JSON object, got {value!r}")
     return value
+
+
+def native_scheme(storage: KvBStorage, schemes: Collection[str]) -> str | None:
+    """The registered scheme that runs the stored format as it is (fp16 -> fp32 if no fp16 scheme)."""
+    stored = storage.stored
+    if stored.name == "fp16" and "fp16" not in schemes:
+        return "fp32"
+    if stored.scheme_uk is not None and stored.scheme_uk not in schemes:
+        return None
+    return stored.scheme if stored.scheme in schemes else None

@@ -17,36 +17,48 @@ from collections.abc import Collection
 from pathlib import Path
 
 from mlaq.bmm import scheme_names
-from mlaq.policy import reasons
-from mlaq.policy.checkpoint import CheckpointQuant, KvBStorage
+from mlaq.policy import platform, reasons
+from mlaq.policy.checkpoint import CheckpointQuant, native_scheme
 from mlaq.policy.detect import checkpoint_quant
 from mlaq.policy.explicit import ExplicitConfig, ExplicitMatch, load_explicit, match_model
 from mlaq.policy.model_config import MlaModel, layer_ranges, mla_model, read_checkpoint_dir
 from mlaq.policy.result import LayerDecision, PolicyResult, Rule
-from mlaq.settings import Settings
+from mlaq.policy.vllm032 import decide_vllm_032
+from mlaq.settings import Engine, Settings
 
 FP4_FLAG_SCHEME = "mxfp4"  # vLLM's AITER FP4 BMM: W4A4 MXFP4
 FP8_FLAG_SCHEME = "fp8_per_tensor"  # vLLM's AITER FP8 BMM: one weight scale for the whole tensor
 FP4_SOURCES = ("bf16", "fp16")
 
 
-def native_scheme(storage: KvBStorage, schemes: Collection[str]) -> str | None:
-    """The registered scheme that runs the stored format as it is (fp16 -> fp32 if no fp16 scheme)."""
-    stored = storage.stored
-    if stored.name == "fp16" and "fp16" not in schemes:
-        return "fp32"
-    if stored.scheme_uk is not None and stored.scheme_uk not in schemes:
-        return None
-    return stored.scheme if stored.scheme in schemes else None
-
-
 def _flag(source: str, settings: Settings) -> tuple[str | None, str]:
-    """(scheme, variable) a flag asks for on an unquantized source, or (None, "")."""
-    if settings.fp4bmm and source in FP4_SOURCES:
+    """(scheme, variable) a flag asks for on an unquantized source and the platform runs, or (None, "").
+
+    As vLLM's mla_attention.py: the FP4 BMM first (where it exists), else the FP8 BMM."""
+    p = settings.platform
+    if settings.fp4bmm and source in FP4_SOURCES and platform.aiter_fp4bmm(p):
         return FP4_FLAG_SCHEME, "MLAQ_FP4BMM"
-    if settings.fp8bmm:
-        return FP8_FLAG_SCHEME, "MLAQ_FP8BMM"
+    if settings.fp8bmm and platform.aiter_fp8bmm(p):
+        return platform.fp8_scheme(FP8_FLAG_SCHEME, p), "MLAQ_FP8BMM"
     return None, ""
+
+
+def _blocked(source: str, settings: Settings) -> str:
+    """The flags that are on but name a kernel this platform lacks (``"MLAQ_FP4BMM=1"``...), or ``""``."""
+    p = settings.platform
+    off = []
+    if settings.fp4bmm and source in FP4_SOURCES and not platform.aiter_fp4bmm(p):
+        off.append("MLAQ_FP4BMM=1")
+    if settings.fp8bmm and not platform.aiter_fp8bmm(p):
+        off.append("MLAQ_FP8BMM=1")
+    return " and ".join(off)
+
+
+def _on_platform(native: str, stored_scheme: str | None, settings: Settings) -> str:
+    """The stored format as the platform runs it: e4m3fn FP8 data converted to e4m3fnuz on gfx942."""
+    if stored_scheme is not None and native == stored_scheme:
+        return platform.fp8_scheme(native, settings.platform)
+    return native
 
 
 # A layer that cannot be decided: (kind, details). Equal problems are reported once, for all their layers.
@@ -71,18 +83,24 @@ def _decide_layer(
 
     if match.target is not None:
         t = match.target
-        reason = reasons.targets(t.pattern.text, t.scheme, storage, ckpt.method)
-        return done(t.scheme, Rule.TARGETS, reason, t.pattern.text)
+        where = f"--quantization-config targets[{t.pattern.text!r}]"
+        run, note = platform.target_scheme(t.scheme, settings.platform, where)
+        reason = reasons.targets(t.pattern.text, run, storage, ckpt.method)
+        return done(run, Rule.TARGETS, reason.removesuffix(".") + note + ".", t.pattern.text)
     if not stored.known:
         return ("unknown", (ckpt.method,))
     native = native_scheme(storage, schemes)
     if native is None:
         return ("no-scheme", (stored.name, stored.detail, str(stored.scheme)))
+    native = _on_platform(native, stored.scheme, settings)
     if match.ignore is not None:
         return done(native, Rule.IGNORE, reasons.ignore(match.ignore.text, storage), match.ignore.text)
     if stored.quantized:
         return done(native, Rule.CHECKPOINT, reasons.checkpoint(native, storage, settings))
     scheme, var = _flag(stored.name, settings)
+    blocked = _blocked(stored.name, settings)
+    if scheme is None and blocked:
+        return done(native, Rule.PLATFORM, reasons.platform_blocked(native, storage, blocked, settings))
     if scheme is None:
         return done(native, Rule.DEFAULT, reasons.default(native, storage, ckpt.has_config, settings))
     guarded = ckpt.has_config and storage.left_unquantized
@@ -93,7 +111,10 @@ def _decide_layer(
         return ("no-flag-scheme", (scheme, var))
     if opt_in:
         return done(scheme, Rule.FAMILY_OPT_IN, reasons.family(scheme, var, storage, model.model_type))
-    return done(scheme, Rule.FLAG, reasons.flag(scheme, var, storage, settings))
+    reason = reasons.flag(scheme, var, storage, settings)
+    if blocked:  # MLAQ_FP4BMM on gfx942: the FP8 BMM runs instead
+        reason = f"{blocked} names a kernel {settings.platform} lacks; {reason[0].lower()}{reason[1:]}"
+    return done(scheme, Rule.FLAG, reason)
 
 
 def _raise_problems(problems: dict[Problem, list[int]], schemes: Collection[str]) -> None:
@@ -125,6 +146,8 @@ def decide(
 ) -> PolicyResult:
     """Decide every MLA layer (MTP layers included). Pure: no logging, no environment."""
     names = tuple(scheme_names()) if schemes is None else tuple(schemes)
+    if settings.engine is Engine.VLLM_032:
+        return decide_vllm_032(model, checkpoint, settings, explicit, names)
     matches = (
         match_model(explicit, model) if explicit is not None else (ExplicitMatch(),) * model.num_mla_layers
     )

@@ -1,18 +1,20 @@
-"""The user's explicit quantization config: ``--quantization-config JSON`` or ``@file.json``.
+"""The user's explicit quantization config: vLLM 0.32's ``--quantization-config`` (JSON, @FILE or a path).
 
-``{"targets": {PATTERN: SCHEME | {"weight": SCHEME, "activation": ACT}}, "ignore": [PATTERN]}``
+``{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}`` — the same JSON a user passes to vLLM 0.32
+(``--quantization online --quantization-config ...``), read with vLLM's rules (see
+:mod:`mlaq.policy.vllm_online`):
 
-- PATTERN: exact module name, ``re:`` regex or shell glob (see :mod:`mlaq.policy.patterns`); a
-  pattern that matches a module above kv_b_proj (``model.layers.3.self_attn``) covers it.
-- SCHEME: a name from ``mlaq.bmm.scheme_names()``. ``{"weight", "activation"}`` names the weight
-  scheme and the activation precision (``bf16``/``none``/null = unquantized, ``fp8``, ``mxfp4``,
-  ``mxfp8``, ``fp32``); only combinations a scheme implements are accepted.
-- ``targets`` re-quantize (or keep) kv_b_proj's absorbed BMMs with the given scheme; ``ignore``
-  exempts a layer from every online re-quantization (it keeps the checkpoint's own format).
+- PATTERN: exact layer name, ``re:`` regex (``re.match``) or fnmatch glob, matched against the layer's
+  own name ``model.layers.N.self_attn.kv_b_proj`` (not a module above it), as vLLM does.
+- SCHEME: vLLM's online shorthands that define a linear spec (fp8_per_tensor, fp8_per_block,
+  fp8_per_channel, mxfp8, mxfp4) or one of mlaq's MLA scheme names (bf16, fp32, fp8_per_head,
+  mxfp4_w4a16, the ``_fnuz`` variants). mlaq also accepts ``{"weight": SCHEME, "activation": ACT}``.
+- ``targets`` choose the scheme of kv_b_proj's absorbed BMMs; ``ignore`` exempts a layer from every
+  online re-quantization (it keeps the checkpoint's own format).
 
-Only kv_b_proj's absorbed BMMs are decided by mlaq: a targets pattern must cover at least one
-kv_b_proj (a pattern that matches only q_a_proj/o_proj/... is an error, so a typo cannot silently
-do nothing); the other attention linears are never changed.
+Only kv_b_proj's absorbed BMMs are emulated: a targets pattern that also matches another linear
+(q_b_proj, o_proj, ...), which vLLM would quantize too, is an error, and so are ``linear``/``moe``.
+An ignore pattern may name any layer (vLLM lets it); it only matters where it matches a kv_b_proj.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from mlaq.policy.model_config import MlaModel, layer_ranges
-from mlaq.policy.patterns import Pattern, covering, parse_patterns
+from mlaq.policy.patterns import Pattern, parse_patterns
+from mlaq.policy.vllm_online import check_keys, check_vllm_value, read_config_text
 
 # activation spellings -> canonical activation precision
 _ACTIVATIONS = MappingProxyType(
@@ -110,15 +112,11 @@ class ExplicitConfig:
 def parse_explicit(
     obj: Any, schemes: Collection[str], where: str = "--quantization-config"
 ) -> ExplicitConfig:
-    """Validate a parsed JSON object."""
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"{where}: expected a JSON object with 'targets' and/or 'ignore', got {obj!r}")
-    unknown = set(obj) - {"targets", "ignore"}
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; expected 'targets' and/or 'ignore'")
+    """Validate a parsed JSON object (vLLM's keys; see :mod:`mlaq.policy.vllm_online`)."""
+    check_keys(obj, where)
     targets_obj = obj.get("targets") or {}
-    if not isinstance(targets_obj, Mapping):
-        raise ValueError(f"{where}: 'targets' must be an object {{PATTERN: SCHEME}}, got {targets_obj!r}")
+    for k, v in targets_obj.items():
+        check_vllm_value(k, v, where, schemes)
     targets = tuple(
         Target(
             Pattern.parse(k, f"{where} targets key"),
@@ -131,19 +129,8 @@ def parse_explicit(
 
 
 def load_explicit(value: str, schemes: Collection[str]) -> ExplicitConfig:
-    """Parse ``--quantization-config`` text: inline JSON, or ``@path`` to a JSON file."""
-    where = "--quantization-config"
-    if value.startswith("@"):
-        path = Path(value[1:])
-        if not path.is_file():
-            raise ValueError(f"{where} {value}: no such file")
-        text, where = path.read_text(), f"{where} {value}"
-    else:
-        text = value
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not valid JSON ({exc}); pass a JSON object or @file.json") from None
+    """Parse ``--quantization-config`` text: inline JSON, ``@path`` or a path to a JSON file."""
+    obj, where = read_config_text(value)
     return parse_explicit(obj, schemes, where)
 
 
@@ -156,45 +143,41 @@ class ExplicitMatch:
 
 
 def match_model(cfg: ExplicitConfig, model: MlaModel) -> tuple[ExplicitMatch, ...]:
-    """Check ``cfg`` against the model's modules; one :class:`ExplicitMatch` per MLA layer."""
+    """Check ``cfg`` against the model's modules; one :class:`ExplicitMatch` per MLA layer.
+
+    Patterns match a layer's own name (vLLM's is_equal_or_regex_match), never a module above it."""
     known = model.known_modules()
-    for kind, pattern in [("targets", t.pattern) for t in cfg.targets] + [("ignore", p) for p in cfg.ignore]:
-        if not any(pattern.matches(m) for m in known):
-            raise ValueError(
-                f"--quantization-config {kind} pattern {pattern.text!r} matches no module of this model "
-                f"(mlaq knows the MLA modules of layers {layer_ranges(model.layer_indices)}, e.g. "
-                f"{model.kv_b_proj(0)!r}, {model.self_attn(0)!r})"
-            )
     kv_b = [model.kv_b_proj(i) for i in model.layer_indices]
     for t in cfg.targets:
-        if not any(t.pattern.covers(m) for m in kv_b):
-            hits = [m for m in known if t.pattern.matches(m)]
-            shown = ", ".join(hits[:3]) + (", ..." if len(hits) > 3 else "")
+        hits = [m for m in known if t.pattern.matches(m)]
+        if not any(t.pattern.matches(m) for m in kv_b):
+            shown = ", ".join(hits[:3]) + (", ..." if len(hits) > 3 else "") if hits else "no layer"
             raise ValueError(
-                f"--quantization-config targets pattern {t.pattern.text!r} matches only {shown}: only "
-                "kv_b_proj's absorbed BMMs can be targeted; match self_attn.kv_b_proj or a module above it"
+                f"--quantization-config targets pattern {t.pattern.text!r} matches {shown} but no kv_b_proj "
+                f"(mlaq knows layers {layer_ranges(model.layer_indices)}, e.g. {model.kv_b_proj(0)!r}); "
+                "as in vLLM a pattern matches the layer's own name, not a module above it: use "
+                "'re:.*kv_b_proj' or the full kv_b_proj name"
+            )
+        others = [m for m in hits if m not in kv_b and m.rsplit(".", 1)[-1].endswith("proj")]
+        if others:
+            raise ValueError(
+                f"--quantization-config targets pattern {t.pattern.text!r} also matches {others[0]} "
+                f"({len(others)} other linear layers), which vLLM would quantize too; mlaq emulates only "
+                "kv_b_proj's absorbed BMMs: narrow the pattern to kv_b_proj (e.g. 're:.*kv_b_proj')"
             )
     matches: list[ExplicitMatch] = []
-    multi: dict[tuple[str, ...], list[int]] = {}
-    both: dict[tuple[str, str], list[int]] = {}
-    for i, module in enumerate(kv_b):
-        ts = [t for t in cfg.targets if t.pattern.covers(module)]
-        igs = covering(cfg.ignore, module)
-        if len(ts) > 1:
-            multi.setdefault(tuple(t.pattern.text for t in ts), []).append(i)
+    for module in kv_b:
+        ts = [t for t in cfg.targets if t.pattern.matches(module)]
+        igs = [p for p in cfg.ignore if p.matches(module)]
+        if len(ts) > 1:  # vllm/model_executor/layers/quantization/online/base.py
+            raise ValueError(
+                f"--quantization-config: Layer {module} matches multiple quantization_config.targets patterns: "
+                f"{[t.pattern.text for t in ts]}. Each layer may match at most one target."
+            )
         if ts and igs:
-            both.setdefault((ts[0].pattern.text, igs[0].text), []).append(i)
+            raise ValueError(
+                f"--quantization-config: Layer {module} matches both quantization_config.ignore and "
+                f"quantization_config.targets ({[ts[0].pattern.text]}); a layer may not be referenced by both."
+            )
         matches.append(ExplicitMatch(ts[0] if ts else None, igs[0] if igs else None))
-    if multi:
-        pats, layers = next(iter(multi.items()))
-        raise ValueError(
-            f"--quantization-config: kv_b_proj of layers {layer_ranges(layers)} is matched by more than one "
-            f"targets pattern ({', '.join(map(repr, pats))}); each layer may match at most one"
-        )
-    if both:
-        (t, ig), layers = next(iter(both.items()))
-        raise ValueError(
-            f"--quantization-config: kv_b_proj of layers {layer_ranges(layers)} is matched by both targets "
-            f"pattern {t!r} and ignore pattern {ig!r}; a layer is either targeted or ignored"
-        )
     return tuple(matches)

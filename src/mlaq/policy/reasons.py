@@ -68,6 +68,11 @@ def checkpoint(scheme: str, storage: KvBStorage, settings: Settings) -> str:
     flags = flags_on(settings)
     verb = "apply" if settings.fp4bmm and settings.fp8bmm else "applies"
     tail = f"; {flags} {verb} only to unquantized weights" if flags else ""
+    if scheme == fnuz_variant(storage.stored.scheme):
+        tail = (
+            f"; on {settings.platform} converted exactly to e4m3fnuz as vLLM's normalize_e4m3fn_to_e4m3fnuz "
+            f"does (same bytes, -0 to 0, scales doubled){tail}"
+        )
     data = "stored MXFP4 values" if storage.stored.name == "mxfp4" else "stored codes and scales"
     return (
         f"The checkpoint stores it as {storage.stored.detail}, since {storage.because}: it runs as {scheme} "
@@ -114,3 +119,16 @@ def flag(scheme: str, var: str, storage: KvBStorage, settings: Settings) -> str:
         pre = f"MLAQ_FP4BMM=1 needs a bf16/fp16 source and this weight is {src}, so "
     text = f"{var}=1 re-quantizes the {src} weight to {scheme} online; the checkpoint has no quantization config."
     return pre + text
+
+
+def platform_blocked(scheme: str, storage: KvBStorage, blocked: str, settings: Settings) -> str:
+    """A flag that is on names an AITER kernel the platform does not have (derivations in platform.py)."""
+    where = {
+        "rocm-gfx942": "the FP4 BMM needs CDNA 4 (gfx950)",
+        "cuda": "AITER's BMMs exist only on ROCm gfx942/gfx950",
+        "cpu": "AITER's BMMs exist only on ROCm gfx942/gfx950",
+    }.get(str(settings.platform), "")
+    return (
+        f"{blocked} names an AITER BMM that vLLM 0.32 does not run on {settings.platform} ({where}; "
+        f"vllm/_aiter_ops.py): it runs at the checkpoint's {storage.stored.name} as {scheme}{_fp16_note(storage.stored.name, scheme)}."
+    )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
-from mlaq.policy.result import LayerDecision, PolicyResult
+from mlaq.policy import platform, vllm_online
+from mlaq.policy.result import LayerDecision, PolicyResult, Rule
+from mlaq.settings import Engine
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,22 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(4)) + "  " + c[4] for c in cells)
 
 
-def format_explain(result: PolicyResult, model_path: str) -> str:
-    """The full ``mlaq explain`` text: header, settings, table, summary."""
+def quantizing_line(result: PolicyResult) -> str | None:
+    """vLLM's load log line for the layers the config's ``targets`` chose (None without targets)."""
+    if result.explicit is None or not result.explicit.targets:
+        return None
+    written = {t.pattern.text: t.written for t in result.explicit.targets}
+    entries = [
+        (d.module, "targets", d.pattern, v if isinstance(v := written[d.pattern], str) else json.dumps(v))
+        for d in result.layers
+        if d.rule is Rule.TARGETS and d.pattern is not None
+    ]
+    return vllm_online.quantizing_line(entries)
+
+
+def format_explain(result: PolicyResult, model_path: str, weights: str | None = None) -> str:
+    """The full ``mlaq explain`` text: header, settings, table, summary; ``weights`` is a header line
+    about the weights (read or not)."""
     m = result.model
     mtp = f" + {m.num_nextn_predict_layers} MTP" if m.num_nextn_predict_layers else ""
     explicit = "none" if result.explicit is None else result.explicit.describe()
@@ -63,9 +80,36 @@ def format_explain(result: PolicyResult, model_path: str) -> str:
         f"checkpoint:  {result.checkpoint.describe()}",
         f"settings:    {result.settings.describe()}",
         f"quantization-config: {explicit}",
+        f"platform:    {platform.describe(result.settings.platform)}",
+    ]
+    if weights is not None:
+        lines.append(weights)
+    if result.settings.engine is Engine.VLLM_032:
+        lines.append("engine:      released vLLM 0.32 with its defaults (--engine-defaults vllm-0.32)")
+    lines += ["", format_table(fold(result.layers)), ""]
+    line = quantizing_line(result)
+    if line is not None:
+        lines.append(line)
+    lines.append(result.summary()[1])
+    return "\n".join(lines)
+
+
+def format_comparison(engine: PolicyResult, mlaq: PolicyResult, aiter_on: PolicyResult | None) -> str:
+    """What ``--engine-defaults vllm-0.32`` adds: mlaq's own decision on the same platform, and, when
+    VLLM_ROCM_USE_AITER is unset on ROCm, what vLLM 0.32 does once it is set."""
+    lines = []
+    if aiter_on is not None:
+        lines += [
+            "",
+            "With VLLM_ROCM_USE_AITER=1 (AMD's ROCm recipes set it; the BMM flags then default to 1), vLLM 0.32:",
+            format_table(fold(aiter_on.layers)),
+            aiter_on.summary()[1],
+        ]
+    lines += [
         "",
-        format_table(fold(result.layers)),
-        "",
-        result.summary()[1],
+        f"mlaq's own decision on {mlaq.settings.platform} (MLAQ_FP8BMM/MLAQ_FP4BMM off by default, guard on; "
+        f"{mlaq.settings.describe()}):",
+        format_table(fold(mlaq.layers)),
+        mlaq.summary()[1],
     ]
     return "\n".join(lines)

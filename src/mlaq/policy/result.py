@@ -23,7 +23,7 @@ from mlaq.policy.checkpoint import CheckpointQuant
 from mlaq.policy.explicit import ExplicitConfig
 from mlaq.policy.model_config import MlaModel
 from mlaq.policy.stored import UNQUANTIZED, StoredFormat, fnuz_variant
-from mlaq.settings import Settings
+from mlaq.settings import Engine, Settings
 
 LOGGER_NAME = "mlaq.policy"
 
@@ -37,6 +37,7 @@ class Rule(str, Enum):
     FLAG = "flag"  # MLAQ_FP4BMM / MLAQ_FP8BMM re-quantize an unquantized weight
     GUARD = "guard"  # a flag is on, but the checkpoint's config keeps kv_b_proj unquantized on purpose
     FAMILY_OPT_IN = "family-opt-in"  # ... except Quark MXFP4 DeepSeek-V3-family checkpoints
+    PLATFORM = "platform"  # a flag is on, but names a kernel the --platform lacks
     DEFAULT = "default"  # nothing applies: the checkpoint's precision
 
     def __str__(self) -> str:
@@ -56,6 +57,7 @@ class LayerDecision:
     mtp: bool  # a multi-token-prediction layer (index >= num_hidden_layers)
     stored: StoredFormat  # full stored format (block size, scale format) for the loader
     pattern: str | None = None  # the --quantization-config pattern that decided it (targets/ignore)
+    online: str | None = None  # vLLM 0.32 only: the online format of the kv_b_proj linear the BMMs read
 
     @property
     def uses_checkpoint_data(self) -> bool:
@@ -82,6 +84,8 @@ class LayerDecision:
     @property
     def requantized(self) -> bool:
         """True when the weight is quantized online to a format the checkpoint does not store."""
+        if self.online is not None:  # vLLM 0.32: the BMMs read an online-quantized kv_b_proj weight
+            return True
         return self.scheme not in UNQUANTIZED and not self.uses_checkpoint_data
 
     def to_json(self) -> dict[str, Any]:
@@ -96,9 +100,15 @@ class LayerDecision:
 
 
 def _cause(d: LayerDecision, settings: Settings) -> str:
-    if d.rule is Rule.TARGETS:
-        return f"from targets: {d.pattern}"
-    var = "MLAQ_FP4BMM" if d.scheme.startswith("mxfp4") else "MLAQ_FP8BMM"
+    if d.rule is Rule.TARGETS and (d.online is None or d.scheme in UNQUANTIZED):
+        tail = f" as an online {d.online} linear, dequantized for the BMMs" if d.online else ""
+        return f"from targets: {d.pattern}{tail}"
+    fp4 = d.scheme.startswith("mxfp4")
+    if settings.engine is Engine.VLLM_032:
+        var = "VLLM_ROCM_USE_AITER_FP4BMM" if fp4 else "VLLM_ROCM_USE_AITER_FP8BMM"
+        via = f" on the online {d.online} weight of targets {d.pattern}" if d.online else ""
+        return f"VLLM_ROCM_USE_AITER=1, {var}=1 (vLLM 0.32 default){via}"
+    var = "MLAQ_FP4BMM" if fp4 else "MLAQ_FP8BMM"
     return f"{var}=1; rule {d.rule}"
 
 
