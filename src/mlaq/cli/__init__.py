@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("mlaq.cli.explain", "show which BMM scheme each MLA layer's kv_b_proj gets, and why"),
     "validate": ("mlaq.cli.validate", "measure what re-quantizing MLA's absorbed BMMs costs against bf16"),
     "generate": ("mlaq.cli.generate", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
+    "audit": ("mlaq.cli.audit", "rank layers by what re-quantizing kv_b_proj loses, reading only kv_b_proj"),
 }
 
 
