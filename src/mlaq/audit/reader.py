@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -75,18 +76,24 @@ class RangeReader:
         self.header_bytes = 0
         self.tensor_bytes = 0
         self._headers: dict[Path, Header] = {}
+        self._lock = threading.RLock()  # audit reads layers from several threads; header() re-enters pread()
 
     def pread(self, file: Path, offset: int, length: int) -> bytes:
         """The one place file bytes are read (tests replace it to forbid ranges)."""
         with open(file, "rb", buffering=0) as f:
             data = os.pread(f.fileno(), length, offset)
-        self.bytes_read += len(data)
+        with self._lock:
+            self.bytes_read += len(data)
         return data
 
     def header(self, file: Path) -> Header:
         """The parsed header of ``file`` (read once)."""
-        if file in self._headers:
+        with self._lock:
+            if file not in self._headers:
+                self._headers[file] = self._read_header(file)
             return self._headers[file]
+
+    def _read_header(self, file: Path) -> Header:
         try:
             size = file.stat().st_size
         except OSError as exc:
@@ -102,7 +109,7 @@ class RangeReader:
                 f"{file}: not a safetensors file or truncated (header length {n}, file {size} bytes)"
             )
         raw = self.pread(file, 8, n)
-        self.header_bytes += 8 + n
+        self.header_bytes += 8 + n  # under the lock held by header()
         try:
             entries = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -112,9 +119,7 @@ class RangeReader:
         spans = {
             name: _span(file, name, entry, 8 + n) for name, entry in entries.items() if name != "__metadata__"
         }
-        header = Header(file, size, 8 + n, MappingProxyType(spans))
-        self._headers[file] = header
-        return header
+        return Header(file, size, 8 + n, MappingProxyType(spans))
 
     def tensor(self, span: TensorSpan) -> Tensor:
         """The tensor at ``span``, read with one pread of exactly its bytes."""
@@ -127,7 +132,8 @@ class RangeReader:
         data = bytearray(self.pread(span.file, span.start, span.nbytes)) if span.nbytes else bytearray()
         if len(data) != span.nbytes:
             raise ValueError(f"{span.file.name}: tensor {span.name!r}: short read; the shard is truncated")
-        self.tensor_bytes += span.nbytes
+        with self._lock:
+            self.tensor_bytes += span.nbytes
         flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         return flat.view(DTYPES[span.dtype]).reshape(span.shape)
 

@@ -10,7 +10,9 @@ report.md, report.json, the PNG and the terminal table all read only that record
 
 from __future__ import annotations
 
+import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +49,11 @@ def audit(
     *,
     progress: Progress | None = None,
     reader: RangeReader | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Audit the checkpoint at ``path`` under ``schemes``; the policy column follows ``settings`` and
-    ``quantization_config`` (``--quantization-config`` text). Returns the report record."""
+    ``quantization_config`` (``--quantization-config`` text); ``workers`` layers run at once (threads).
+    Returns the report record."""
     start = time.perf_counter()
     for s in schemes:
         get_scheme(s)  # an unknown name: one line listing the known ones
@@ -67,13 +71,21 @@ def audit(
     progress = progress or NullProgress()
     progress.begin(len(layers))
     records = []
+    # layers are independent and torch releases the GIL in its kernels: `workers` threads overlap them
+    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="mlaq-audit")
     try:
-        for i in layers:
+        futures = [
+            pool.submit(_layer, ckpt, wquant, model, geo, i, policy, per_scheme, stored_names[i])
+            for i in layers
+        ]
+        for i, future in zip(layers, futures, strict=True):
             progress.step(f"layer {i}" + (" (MTP)" if model.is_mtp(i) else ""))
-            records.append(_layer(ckpt, wquant, model, geo, i, policy, per_scheme, stored_names[i]))
+            records.append(future.result())
     except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
         progress.end(ok=False)
         raise
+    pool.shutdown()
     progress.end()
     return _record(path, model, geo, quant, settings, explicit, schemes, layers, note, records, ckpt, start)
 
@@ -93,7 +105,8 @@ def _layer(
     n, p, v = geo.num_heads, geo.qk_nope_head_dim, geo.v_head_dim
     stored = read_linear(ckpt, wquant, module, geo.kv_b_shape)  # type: ignore[arg-type]
     exact = stored.dequantize()  # [N*(P+V), L] fp32, the checkpoint's exact value
-    check_finite(exact, ckpt.where(f"{module}.weight"))
+    if not math.isfinite(float(exact.sum())):  # one pass; any NaN/inf makes the sum non-finite
+        check_finite(exact, ckpt.where(f"{module}.weight"))  # names the count
     w_uk, w_uv = (t.contiguous() for t in split_kv_b_proj(exact, n, p, v))  # (N, P, L), (N, L, V)
     del exact
     current = policy.for_layer(i)

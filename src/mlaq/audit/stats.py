@@ -82,9 +82,10 @@ def scheme_error(ref: Tensor, prepared: PreparedWeight, scheme: str) -> SchemeEr
     norm = float(torch.linalg.vector_norm(ref))
     rel = float(torch.linalg.vector_norm(diff)) / norm if norm > 0 else 0.0
     lo, hi = torch.aminmax(diff)
-    nonzero = ref != 0
-    n_nonzero = int(nonzero.sum())
-    flushed = float((nonzero & (q == 0)).sum()) / n_nonzero if n_nonzero else 0.0
+    zeros_q, zeros_ref = int(torch.count_nonzero(q == 0)), int(torch.count_nonzero(ref == 0))
+    # an element of ref that is 0 stays 0 under every scheme, so the new zeros are the flushed ones
+    n_nonzero = ref.numel() - zeros_ref
+    flushed = (zeros_q - zeros_ref) / n_nonzero if n_nonzero else 0.0
     flush_blocks = saturate_blocks = None
     if isinstance(prepared, MxWeight) and prepared.mx.axis % 3 == 1:
         flush_blocks, saturate_blocks = _mx_blocks(ref, q, prepared)
@@ -105,6 +106,7 @@ def _mx_blocks(ref: Tensor, q: Tensor, prepared: MxWeight) -> tuple[float, float
         src, q = F.pad(src, (0, 0, 0, g * b - k)), F.pad(q, (0, 0, 0, g * b - k))
     src, q = src.view(n, g, b, m), q.view(n, g, b, m)  # (N, K, M) -> (N, G, 32, M)
     scale = e8m0_decode(mx.scales).view(n, g, 1, m)  # (N, G, 1, M)
-    saturated = (src.abs() > mx.elem.max * scale).any(dim=2)  # (N, G, M)
-    flushed = ((src != 0) & (q == 0)).any(dim=2)
-    return float(flushed.float().mean()), float(saturated.float().mean())
+    saturated = src.abs().amax(dim=2, keepdim=True) > mx.elem.max * scale  # (N, G, 1, M)
+    flushed = ((q == 0) & (src != 0)).any(dim=2)  # (N, G, M)
+    blocks = flushed.numel()
+    return int(torch.count_nonzero(flushed)) / blocks, int(torch.count_nonzero(saturated)) / blocks

@@ -71,6 +71,6 @@ def excess_kurtosis(x: Tensor, dtype: torch.dtype = torch.float64) -> float:
 
     ``dtype`` float32 halves the cost on large weights (mlaq audit) at ~1e-6 relative accuracy."""
     v = x.to(dtype).reshape(-1)
-    c = v - v.mean()
-    var = float((c**2).mean())
-    return float((c**4).mean()) / var**2 - 3.0 if var > 0 else 0.0
+    c2 = (v - v.mean()).square_()
+    var = float(c2.mean())
+    return float(c2.square_().mean()) / var**2 - 3.0 if var > 0 else 0.0

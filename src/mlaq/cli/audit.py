@@ -45,11 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="X",
         help="largest relative RMS weight error (of W_UK and W_UV) a targeted layer may have: 0.05 or 5%%",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="layers audited at once (threads; ~0.5 GB each for DeepSeek-V3; default: min(2, CPUs))",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import os
     import sys
 
     from mlaq.audit import audit, format_table, parse_error, report_json, suggest_config, write_report
@@ -68,12 +76,16 @@ def run(args: argparse.Namespace) -> int:
     if suggest and args.suggest_config and args.suggest_config not in schemes:
         schemes = (*schemes, args.suggest_config)  # measure what we are asked to suggest
     settings = Settings.from_env()
+    workers = args.workers if args.workers is not None else min(2, os.cpu_count() or 1)
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
     record = audit(
         args.checkpoint,
         schemes,
         settings,
         args.quantization_config,
         progress=make_progress(not args.no_progress and not args.json),
+        workers=workers,
     )
     if suggest:
         record["suggested_config"] = suggest_config(record, args.suggest_config or schemes[0], max_error)
