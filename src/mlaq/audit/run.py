@@ -22,8 +22,9 @@ from mlaq.audit.layers import Geometry, audited_layers, check_readable, loader_q
 from mlaq.audit.progress import NullProgress, Progress
 from mlaq.audit.reader import RangeReader
 from mlaq.audit.source import RangeCheckpoint
-from mlaq.audit.stats import scheme_error, weight_stats
+from mlaq.audit.stats import Reference, scheme_error, weight_stats
 from mlaq.bmm import get_scheme, scheme_names, split_kv_b_proj
+from mlaq.bmm.mx import MX_BLOCK
 from mlaq.bmm.theory import theory_for
 from mlaq.model.checkpoint import check_finite
 from mlaq.model.kv_b import prepare_absorbed
@@ -120,14 +121,16 @@ def _layer(
         "w_uv": weight_stats(w_uv).to_json(),
         "schemes": {},
     }
+    mx_block = MX_BLOCK if any(name.startswith("mx") for name in per_scheme) else None
+    ref_uk, ref_uv = Reference.of(w_uk, mx_block), Reference.of(w_uv, mx_block)
     for name, result in per_scheme.items():
         decision = result.for_layer(i)
         q_uk, q_uv = prepare_absorbed(decision, stored, n, p, v)
         out["schemes"][name] = {
             "uses_checkpoint_data": decision.uses_checkpoint_data,
             "scheme_uk": decision.scheme_uk,
-            "w_uk": scheme_error(w_uk, q_uk, decision.scheme_uk).to_json(),
-            "w_uv": scheme_error(w_uv, q_uv, decision.scheme).to_json(),
+            "w_uk": scheme_error(ref_uk, q_uk, decision.scheme_uk).to_json(),
+            "w_uv": scheme_error(ref_uv, q_uv, decision.scheme).to_json(),
         }
         del q_uk, q_uv
     return out

@@ -70,43 +70,70 @@ def weight_stats(w: Tensor) -> WeightStats:
     )
 
 
+@dataclass(frozen=True, eq=False)
+class Reference:
+    """One weight's exact value (N, K, M) and what every scheme's comparison needs of it, computed once."""
+
+    values: Tensor  # fp32, contiguous
+    norm: float
+    zeros: int
+    # MX (blocks of 32 along K) of the bf16 weight the MX schemes quantize: per-block amax and zero count
+    block_amax: Tensor | None = None  # (N, G, 1, M)
+    block_zeros: Tensor | None = None  # (N, G, M)
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, w: Tensor, mx_block: int | None = 32) -> Reference:
+        w = w.float().contiguous()
+        norm, zeros = float(torch.linalg.vector_norm(w)), int(torch.count_nonzero(w == 0))
+        if mx_block is None:
+            return cls(w, norm, zeros)
+        # the schemes quantize the bf16 weight; a stored MX weight is exact in bf16, so this is its source
+        src = _blocks(w.to(torch.bfloat16).float(), mx_block)  # (N, G, 32, M)
+        return cls(w, norm, zeros, src.abs().amax(dim=2, keepdim=True), torch.count_nonzero(src == 0, dim=2))
+
+
+def _blocks(t: Tensor, b: int) -> Tensor:
+    """(N, K, M) -> (N, G, b, M), the ragged tail zero-padded (zeros neither flush nor saturate)."""
+    n, k, m = t.shape
+    g = math.ceil(k / b)
+    if g * b != k:
+        t = F.pad(t, (0, 0, 0, g * b - k))
+    return t.view(n, g, b, m)
+
+
 @torch.no_grad()
-def scheme_error(ref: Tensor, prepared: PreparedWeight, scheme: str) -> SchemeError:
-    """``prepared`` (the scheme's weight at load) against ``ref`` (N, K, M), the checkpoint's exact value.
+def scheme_error(ref: Reference, prepared: PreparedWeight, scheme: str) -> SchemeError:
+    """``prepared`` (the scheme's weight at load) against ``ref``, the checkpoint's exact value.
 
     fp32 arithmetic: the weight errors are >= 2^-9 relative where nonzero, so fp32's 2^-24 rounding of the
     difference and torch's cascaded fp32 sums move the figures by far less than their printed digits."""
-    ref = ref.float().contiguous()
     q = prepared.dequantize(torch.float32).contiguous()
-    diff = q - ref
-    norm = float(torch.linalg.vector_norm(ref))
-    rel = float(torch.linalg.vector_norm(diff)) / norm if norm > 0 else 0.0
+    diff = q - ref.values
+    rel = float(torch.linalg.vector_norm(diff)) / ref.norm if ref.norm > 0 else 0.0
     lo, hi = torch.aminmax(diff)
-    zeros_q, zeros_ref = int(torch.count_nonzero(q == 0)), int(torch.count_nonzero(ref == 0))
+    del diff
+    q_zero = q == 0
     # an element of ref that is 0 stays 0 under every scheme, so the new zeros are the flushed ones
-    n_nonzero = ref.numel() - zeros_ref
-    flushed = (zeros_q - zeros_ref) / n_nonzero if n_nonzero else 0.0
+    n_nonzero = ref.values.numel() - ref.zeros
+    flushed = (int(torch.count_nonzero(q_zero)) - ref.zeros) / n_nonzero if n_nonzero else 0.0
     flush_blocks = saturate_blocks = None
-    if isinstance(prepared, MxWeight) and prepared.mx.axis % 3 == 1:
-        flush_blocks, saturate_blocks = _mx_blocks(ref, q, prepared)
+    if isinstance(prepared, MxWeight) and prepared.mx.axis % 3 == 1 and ref.block_amax is not None:
+        flush_blocks, saturate_blocks = _mx_blocks(ref, q_zero, prepared)
     theory = theory_for(scheme)
     predicted = None if theory is None else theory.with_weight_error(rel).product
     return SchemeError(rel, max(-float(lo), float(hi)), flushed, flush_blocks, saturate_blocks, predicted)
 
 
-def _mx_blocks(ref: Tensor, q: Tensor, prepared: MxWeight) -> tuple[float, float]:
+def _mx_blocks(ref: Reference, q_zero: Tensor, prepared: MxWeight) -> tuple[float, float]:
     """Shares of the K-blocks with a flushed element and with a saturated one."""
     mx = prepared.mx
-    n, k, m = prepared.shape
-    b = mx.block_size
-    g = math.ceil(k / b)
-    # the scheme quantizes the bf16 weight; a stored MX weight is exact in bf16, so this is its source
-    src = ref.to(torch.bfloat16).float()
-    if g * b != k:  # ragged tail: zeros neither flush nor saturate
-        src, q = F.pad(src, (0, 0, 0, g * b - k)), F.pad(q, (0, 0, 0, g * b - k))
-    src, q = src.view(n, g, b, m), q.view(n, g, b, m)  # (N, K, M) -> (N, G, 32, M)
+    n, g, _, m = ref.block_amax.shape  # type: ignore[union-attr]
+    if tuple(mx.scales.shape) != (n, g, m):  # the reference was blocked by another block size
+        raise ValueError(f"{prepared.scheme}: MX blocks of {mx.block_size} do not match the reference's")
     scale = e8m0_decode(mx.scales).view(n, g, 1, m)  # (N, G, 1, M)
-    saturated = src.abs().amax(dim=2, keepdim=True) > mx.elem.max * scale  # (N, G, 1, M)
-    flushed = ((q == 0) & (src != 0)).any(dim=2)  # (N, G, M)
+    saturated = ref.block_amax > mx.elem.max * scale  # (N, G, 1, M)
+    # a block has a flushed element when q holds more zeros than the source did (source 0 -> q 0)
+    flushed = torch.count_nonzero(_blocks(q_zero, mx.block_size), dim=2) > ref.block_zeros  # (N, G, M)
     blocks = flushed.numel()
     return int(torch.count_nonzero(flushed)) / blocks, int(torch.count_nonzero(saturated)) / blocks
