@@ -12,6 +12,7 @@ def plot_errors(r: dict[str, Any], file: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     layers = [layer["layer"] for layer in r["layers"]]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.4), sharey=True)
@@ -26,6 +27,7 @@ def plot_errors(r: dict[str, Any], file: Path) -> None:
             ax.axvspan(min(mtp) - 0.5, max(mtp) + 0.5, color="0.9", label="MTP")
         ax.set_title(title)
         ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("relative RMS weight error (%)")
     if r.get("suggested_config"):
