@@ -63,6 +63,8 @@ class Fp8Weight(PreparedWeight):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         # code * scale needs <= 4 + 24 significant bits: exact in float64, rounded once to dtype.
+        if dtype == torch.float32:  # one correctly rounded fp32 multiply is that same single rounding
+            return self.codes.float() * self.expanded_scale()
         return (self.values * self.expanded_scale().double()).to(dtype)
 
 

@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("mlaq.cli.validate", "measure what re-quantizing MLA's absorbed BMMs costs against bf16"),
     "generate": ("mlaq.cli.generate", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
     "serve": ("mlaq.cli.serve", "an OpenAI-compatible server (vLLM's flags, wire format and metrics)"),
+    "audit": ("mlaq.cli.audit", "rank layers by what re-quantizing kv_b_proj loses, reading only kv_b_proj"),
 }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from mlaq.bmm import get_scheme
+from mlaq.bmm import PreparedWeight, get_scheme
 from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8, split_kv_b_proj_fp8_scaled
 from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
 from mlaq.model.mla import MLAttention
@@ -39,7 +39,16 @@ _STORED = MappingProxyType(
 def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, precision: Precision) -> None:
     """Prepare ``attn``'s absorbed BMMs as ``decision`` (a policy LayerDecision) says."""
     c = attn.config
-    n, p, v = c.num_heads, c.qk_nope_head_dim, c.v_head_dim
+    w_uk, w_uv = prepare_absorbed(decision, stored, c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
+    scheme, scheme_uk = get_scheme(decision.scheme), get_scheme(decision.scheme_uk)
+    attn.set_absorbed(w_uk, w_uv, scheme_uk, precision=precision, scheme_uv=scheme)
+
+
+def prepare_absorbed(
+    decision: Any, stored: CheckpointWeight, n: int, p: int, v: int
+) -> tuple[PreparedWeight, PreparedWeight]:
+    """(W_UK as ``decision.scheme_uk``, W_UV^T as ``decision.scheme``) exactly as the loader prepares them
+    from ``stored`` (N heads, P = qk_nope_head_dim, V = v_head_dim); ``mlaq audit`` measures these."""
     # a quantized format the loader has no reader for (mxfp8, nvfp4, ...) can never match the file
     if decision.stored.quantized and stored.format is not _STORED.get(decision.stored.name):
         raise ValueError(
@@ -49,24 +58,22 @@ def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, p
     scheme, scheme_uk = get_scheme(decision.scheme), get_scheme(decision.scheme_uk)
     if not decision.uses_checkpoint_data:
         w_uk_t, w_uv_t = split_kv_b_proj(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
-        w_uk, w_uv = scheme_uk.prepare(w_uk_t), scheme.prepare(w_uv_t)
-    elif stored.format in _FP8_SPLIT:
+        return scheme_uk.prepare(w_uk_t), scheme.prepare(w_uv_t)
+    if stored.format in _FP8_SPLIT:
         fp8 = stored.fp8()
         if decision.converts_to_fnuz:  # same bytes worth half in e4m3fnuz: doubled scales keep every value
             fp8 = e4m3fn_to_e4m3fnuz(fp8)
         (uk_codes, uk_scale), (uv_codes, uv_scale) = _FP8_SPLIT[stored.format](fp8, n, p, v)
         w_uk = scheme_uk.prepare_quantized(uk_codes, uk_scale)  # type: ignore[attr-defined]
-        w_uv = scheme.prepare_quantized(uv_codes, uv_scale)  # type: ignore[attr-defined]
-    elif stored.format is WeightFormat.MXFP4:
+        return w_uk, scheme.prepare_quantized(uv_codes, uv_scale)  # type: ignore[attr-defined]
+    if stored.format is WeightFormat.MXFP4:
         w_uk_t, _ = split_kv_b_proj(stored.dequantize(), n, p, v)
-        w_uk = scheme_uk.prepare(w_uk_t)
-        w_uv = scheme.prepare_quantized(_mx_w_uv_t(stored, n, p, v))  # type: ignore[attr-defined]
-    else:  # the policy promised the stored format unchanged: never fall back to re-quantizing it
-        raise ValueError(
-            f"{stored.name}.weight: the policy runs kv_b_proj as {decision.scheme} on the checkpoint's own "
-            f"{stored.format.value} data, which the loader cannot pass to it unchanged"
-        )
-    attn.set_absorbed(w_uk, w_uv, scheme_uk, precision=precision, scheme_uv=scheme)
+        return scheme_uk.prepare(w_uk_t), scheme.prepare_quantized(_mx_w_uv_t(stored, n, p, v))  # type: ignore[attr-defined]
+    # the policy promised the stored format unchanged: never fall back to re-quantizing it
+    raise ValueError(
+        f"{stored.name}.weight: the policy runs kv_b_proj as {decision.scheme} on the checkpoint's own "
+        f"{stored.format.value} data, which the loader cannot pass to it unchanged"
+    )
 
 
 # stored FP8 format -> its split into (codes, scale) of W_UK and W_UV^T at the scales' real granularity

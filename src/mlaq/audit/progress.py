@@ -1,0 +1,93 @@
+"""Progress over layers on stderr (stdout stays free for ``--json``): a rich bar when rich is importable,
+plain lines otherwise, nothing with ``NullProgress``.
+
+(validate has the same three-verb protocol; both could share one module in a lower layer later.)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Protocol
+
+
+class Progress(Protocol):
+    def begin(self, total: int) -> None: ...
+
+    def step(self, description: str) -> None:
+        """Starting a new step (the previous one is done)."""
+        ...
+
+    def end(self, ok: bool = True) -> None: ...
+
+
+class NullProgress:
+    def begin(self, total: int) -> None:
+        pass
+
+    def step(self, description: str) -> None:
+        pass
+
+    def end(self, ok: bool = True) -> None:
+        pass
+
+
+class PlainProgress:
+    """``audit [ 3/62] 12s  layer 2`` lines on stderr."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.total, self.done, self.start = 0, 0, time.perf_counter()
+
+    def begin(self, total: int) -> None:
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def step(self, description: str) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        width = len(str(self.total))
+        print(f"audit [{self.done:>{width}}/{self.total}] {elapsed:4.0f}s  {description}", file=self.stream)
+        self.stream.flush()
+
+    def end(self, ok: bool = True) -> None:
+        word = "done in" if ok else "failed after"
+        print(f"audit: {word} {time.perf_counter() - self.start:.0f}s", file=self.stream)
+
+
+class RichProgress:
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
+
+        columns = (TextColumn("[bold]audit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self._bar = Bar(*columns, TextColumn("{task.description}"), console=Console(stderr=True))
+        self._task: Any = None
+        self._started = False
+
+    def begin(self, total: int) -> None:
+        self._bar.start()
+        self._task = self._bar.add_task("", total=total)
+
+    def step(self, description: str) -> None:
+        if self._started:
+            self._bar.advance(self._task)
+        self._started = True
+        self._bar.update(self._task, description=description)
+
+    def end(self, ok: bool = True) -> None:
+        if self._task is None:
+            return
+        if self._started and ok:
+            self._bar.advance(self._task)
+        self._bar.update(self._task, description="done" if ok else "failed")
+        self._bar.stop()
+
+
+def make_progress(enabled: bool = True) -> Progress:
+    if not enabled:
+        return NullProgress()
+    try:
+        return RichProgress()
+    except ImportError:
+        return PlainProgress()
