@@ -1,9 +1,9 @@
 """Decode throughput: mlaq's engine (plain and MTP k = 1..3) vs transformers ``generate``, one run.
 
-    /work/venv/bin/python bench/decode.py                  # bundled mlaq-tiny if present, else a random tiny checkpoint
-    /work/venv/bin/python bench/decode.py --model DIR --batches 1 4 16 --new-tokens 64
-    /work/venv/bin/python bench/decode.py --threads 1 --compile   # + mlaq with compile=True
-    /work/venv/bin/python bench/decode.py --threads 1 --compile --dtype bfloat16 --batches 1
+    .venv/bin/python bench/decode.py                  # bundled mlaq-tiny if present, else a random tiny checkpoint
+    .venv/bin/python bench/decode.py --model DIR --batches 1 4 16 --new-tokens 64
+    .venv/bin/python bench/decode.py --threads 1 --compile   # + mlaq with compile=True
+    .venv/bin/python bench/decode.py --threads 1 --compile --dtype bfloat16 --batches 1
 
 With --compile, a second table gives ``LLM(..., compile=True)`` (torch.compile'd decode / MTP steps,
 weights frozen into the graphs) at every batch, with MTP only at --compile-spec-batches (default 1).

@@ -1,7 +1,7 @@
 """Batch-1 decode roofline: weight bytes one token reads, single-thread read bandwidth, the floor.
 
-    /work/venv/bin/python bench/roofline.py                 # bundled mlaq-tiny, 1 thread
-    /work/venv/bin/python bench/roofline.py --model DIR --threads 2
+    .venv/bin/python bench/roofline.py                 # bundled mlaq-tiny, 1 thread
+    .venv/bin/python bench/roofline.py --model DIR --threads 2
 
 At batch 1 every weight a token uses is read once per token and reused by nothing else, so a decode
 step cannot be faster than (bytes of active weights) / (read bandwidth). Active weights of a

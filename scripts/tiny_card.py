@@ -1,7 +1,7 @@
 """Render mlaq-tiny's model card (README.md) from the training record and the evaluation output.
 
-    /work/venv/bin/python scripts/tiny_card.py --run /work/tiny-runs/run_info.json \
-        --eval /work/tiny-runs/eval.json --machine "$(lscpu | grep 'Model name')"
+    .venv/bin/python scripts/tiny_card.py --run build/tiny-runs/run_info.json \
+        --eval build/tiny-runs/eval.json --machine "$(lscpu | grep 'Model name')"
 """
 
 from __future__ import annotations
@@ -190,8 +190,8 @@ Evaluation took {ev["eval_seconds"]} s.
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", type=Path, default=Path("/work/tiny-runs/run_info.json"))
-    p.add_argument("--eval", type=Path, default=Path("/work/tiny-runs/eval.json"))
+    p.add_argument("--run", type=Path, default=Path("build/tiny-runs/run_info.json"))
+    p.add_argument("--eval", type=Path, default=Path("build/tiny-runs/eval.json"))
     p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny")
     p.add_argument(
         "--earlier", type=Path, nargs="*", default=[], help="run_info.json of earlier stages, in order"

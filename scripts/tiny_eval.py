@@ -1,6 +1,6 @@
 """Evaluate mlaq-tiny on its held-out text: loss by context position, bits per byte, MTP acceptance.
 
-    /work/venv/bin/python scripts/tiny_eval.py --model src/mlaq/assets/mlaq-tiny --json /work/tiny-runs/eval.json
+    .venv/bin/python scripts/tiny_eval.py --model src/mlaq/assets/mlaq-tiny --json build/tiny-runs/eval.json
 
 Everything is computed through transformers' own DeepSeek-V3 implementation (scripts/tiny_export.load_tiny),
 not the training module; it also checks that the two give the same logits for the checkpoint's weights, and prints a few greedy completions of held-out prompts.

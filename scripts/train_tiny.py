@@ -1,6 +1,6 @@
 """Train mlaq-tiny (DeepSeek-V3 architecture + MTP) on Python stdlib source; CPU, reproducible from a seed.
 
-    /work/venv/bin/python scripts/train_tiny.py --out src/mlaq/assets/mlaq-tiny --run-dir /work/tiny-runs
+    .venv/bin/python scripts/train_tiny.py --out src/mlaq/assets/mlaq-tiny --run-dir build/tiny-runs
 
 Trains scripts/tiny_lean.py's module (transformers' DeepSeek-V3 math, fewer and larger ops) with bf16
 autocast matmuls and fp32 master weights, compiled with torch.compile. A usable checkpoint is exported
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-files", type=int, default=0, help="use only the first N training files (smoke runs)"
     )
     p.add_argument("--out", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny")
-    p.add_argument("--run-dir", type=Path, default=Path("/work/tiny-runs"))
+    p.add_argument("--run-dir", type=Path, default=Path("build/tiny-runs"))
     p.add_argument("--vocab", type=int, default=6144)
     p.add_argument("--seq", type=int, default=2048, help="training context (tokens per window)")
     p.add_argument("--batch", type=int, default=4, help="windows per step")

@@ -12,7 +12,6 @@ import pytest
 import mlaq
 
 SRC = Path(mlaq.__file__).resolve().parent.parent
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
 def run_mlaq(

@@ -61,7 +61,7 @@ def test_batch_invariance(name):
     assert torch.equal(s.apply(x[:, 5:20], prepared), full[:, 5:20])
 
 
-# Relative RMS error of one element type on N(0,1) (shared/reference/formats.md): e4m3 per-tensor
+# Relative RMS error of one element type on N(0,1) (measured on 4096x4096 N(0,1)): e4m3 per-tensor
 # 2.65 %, 1x128 2.57 %; MXFP4 EVEN 11.19 %; MXFP8 RCEIL 2.65 %. With independent errors e_x, e_w in
 # the two operands, y = sum x_k w_k errs by sqrt(e_x^2 + e_w^2 + e_x^2 e_w^2) relative RMS.
 THEORY = {

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.rope import RopeLayout, YarnScaling
 
-CONFIGS = SHARED / "fixtures" / "checkpoint-configs"
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 
 
 def load(name: str) -> dict:

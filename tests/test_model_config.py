@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import transformers
 
-from conftest import SHARED
 from mlaq.model import ModelConfig, supported_model_types
 from mlaq.model.registry import IndexerKind, MlpKind, ScoringFunc, TopkMethod
 
-CONFIGS = SHARED / "fixtures" / "checkpoint-configs"
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 
 
 def _cfg(name: str) -> dict:

@@ -13,7 +13,9 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from mlaq.validate.config import NOISE_FLOOR, ValidateConfig, Variant, VariantKind
-from mlaq.validate.runner import run_validation
+from mlaq.validate.record import Record
+from mlaq.validate.runner import measure, run_validation
+from mlaq.validate.stats import summarize
 from validate_helpers import PER_SCHEME, tiny_checkpoint
 
 SMALL = {
@@ -33,7 +35,7 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def report(checkpoint):
+def record(checkpoint):
     cfg = ValidateConfig(
         model=checkpoint,
         eval_text=checkpoint / "heldout.txt",
@@ -42,7 +44,27 @@ def report(checkpoint):
         quantization_config='{"targets": {"re:.*kv_b_proj": "mxfp4"}}',
         **SMALL,
     )
-    return run_validation(cfg)
+    return measure(cfg)
+
+
+@pytest.fixture(scope="module")
+def report(record):
+    return summarize(record)
+
+
+def test_the_record_round_trips_through_json(record, report) -> None:
+    """The record is plain data: JSON text and back gives the same record and the same report."""
+    again = Record.from_json(json.loads(json.dumps(record.to_json(), allow_nan=False)))
+    assert again == record and summarize(again) == report
+    assert record.source == "engine" and [v.name for v in record.candidates] == [
+        "fp8_per_tensor",
+        "mxfp4",
+        "as-configured",
+    ]
+    # windows stay apart in the record: 2 windows x 4 buckets of every per-position quantity
+    kl = record.candidates[1].positions["kl"]
+    assert len(kl.sums) == len(kl.counts) == 2 and all(len(row) == 4 for row in kl.sums)
+    assert sum(map(sum, kl.counts)) == 2 * 64
 
 
 def test_report_shape_and_keys(report) -> None:

@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     from mlaq.validate.progress import make_progress
     from mlaq.validate.report import report_json, write_report
-    from mlaq.validate.runner import run_validation
+    from mlaq.validate.runner import measure
+    from mlaq.validate.stats import summarize
     from mlaq.validate.summary import print_summary
 
     if args.threads < 0:
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--eval-text {config.eval_text}: no such file")
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run_validation(config, progress=make_progress(not args.no_progress))
+    report = summarize(measure(config, progress=make_progress(not args.no_progress)))
     if args.out:
         paths = write_report(report, args.out)
         print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)

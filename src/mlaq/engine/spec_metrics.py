@@ -1,6 +1,6 @@
 """Speculative-decoding acceptance metrics, defined and printed exactly as vLLM does.
 
-Per verification step of a request with k draft tokens (``../shared/reference/engines.md``):
+Per verification step of a request with k draft tokens (vLLM ``vllm/v1/spec_decode/metrics.py``):
 drafts += 1, draft_tokens += k, accepted += n (the accepted leading draft tokens), and
 accepted_per_pos[i] += 1 for every i < n. From those counters:
   mean acceptance length      = 1 + accepted / drafts   (+1: the token the target always yields)

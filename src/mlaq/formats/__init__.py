@@ -1,7 +1,7 @@
 """Number formats: FP8 (e4m3fn, e4m3fnuz, e5m2) with every scaling granularity, and OCP MX.
 
-Every quantizer here is an exact emulation of a named engine's arithmetic; see
-``shared/reference/formats.md`` for the facts and each module's docstring for the conventions chosen.
+Every quantizer here is an exact emulation of a named engine's arithmetic; each module's
+docstring names the engine and the conventions chosen.
 """
 
 from mlaq.formats.e2m1 import e2m1_decode, e2m1_encode, e2m1_round, pack_e2m1, unpack_e2m1

@@ -1,4 +1,4 @@
-"""OCP MX element types and the four E8M0 shared-scale rules (see shared/reference/formats.md).
+"""OCP MX element types and the four E8M0 shared-scale rules (OCP MX spec v1.0 §5-6).
 
 u is the block's scale exponent (scale = 2^u), clamped to [-127, 127]; the stored E8M0 byte is u + 127.
 With a = block amax (fp32) and emax/max/mbits of the element type:

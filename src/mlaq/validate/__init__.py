@@ -2,22 +2,34 @@
 
 Public API (imported lazily: ``import mlaq.validate`` stays light for the CLI)::
 
-    from mlaq.validate import ValidateConfig, run_validation, write_report
-    report = run_validation(ValidateConfig(model=path, eval_text=path / "heldout.txt"))
+    from mlaq.validate import ValidateConfig, measure, summarize, write_report
+    record = measure(ValidateConfig(model=path, eval_text=path / "heldout.txt"))  # a Record
+    report = summarize(record)        # pure statistics: the report's JSON object
     report["schemes"]["mxfp4"]["kl"]
     write_report(report, "out/")      # report.md, report.json, PNG plots, written atomically
+
+How the package is laid out (each arrow only reads what is on its left)::
+
+    sources/ (engine today) --measure--> Record (record.py) --stats.summarize--> report dict
+        --> summary.py (terminal table), report_md.py, plots.py, report.py (files), --json
+
+``run_validation(config)`` is ``summarize(measure(config))``. A new source is one module in sources/
+that fills a Record; a new statistic is a function in stats.py; a new table reads the report dict.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ValidateConfig", "Variant", "run_validation", "write_report"]
+__all__ = ["Record", "ValidateConfig", "Variant", "measure", "run_validation", "summarize", "write_report"]
 
 _WHERE = {
     "ValidateConfig": "mlaq.validate.config",
     "Variant": "mlaq.validate.config",
     "run_validation": "mlaq.validate.runner",
+    "measure": "mlaq.validate.runner",
+    "summarize": "mlaq.validate.stats",
+    "Record": "mlaq.validate.record",
     "write_report": "mlaq.validate.report",
 }
 

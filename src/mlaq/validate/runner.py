@@ -1,70 +1,38 @@
-"""``run_validation``: every measurement of every variant against the reference, as one JSON-ready dict.
+"""``run_validation``: measure with a source, then summarize the record into the report's JSON object.
 
-Order of work (one model per dtype stays loaded; schemes are re-prepared in place):
-1. per teacher-forcing window: the reference run captures every layer's attention input and the
-   reference log-probabilities; then each variant runs (a) the whole window teacher-forced with the
-   absorbed (decode) path -> KL, top-1, NLL change by position, and (b) each layer's attention on the
-   captured inputs -> relative error by layer and position; on the first window also the per-op
-   error of both BMMs;
-2. per variant: greedy generation from the prompts, speculative with k MTP drafts when k >= 1.
+    record = measure(config)          # a Record (record.py): plain data, JSON round-trip
+    report = summarize(record)        # stats.py: pure functions; what --json prints, report.* render
+
+The default source is the in-memory engine (sources/engine.py); another source is passed as ``source``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from mlaq.engine.tokenizer import Tokenizer
-from mlaq.model import ModelCache
-from mlaq.model.config import ModelConfig
-from mlaq.model.mla import AttnPath
-from mlaq.model.mla_core import AbsorbedWeights
-from mlaq.policy import decide_from_dir
-from mlaq.validate.capture import LayerInput, attention_output, capture_reference
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant
-from mlaq.validate.generation import Generation, generate
-from mlaq.validate.metrics import Buckets, BucketSums, divergence, relative_error_terms
-from mlaq.validate.progress import NullProgress, Progress
-from mlaq.validate.results import assemble
-from mlaq.validate.text import EvalData, load_eval_text
-from mlaq.validate.theory import OpError, op_errors, operand_stats
-from mlaq.validate.variants import ModelPool, scheme_descriptions
+from mlaq.validate.progress import Progress
+from mlaq.validate.record import Record
+from mlaq.validate.sources import Source
+from mlaq.validate.stats import summarize
 
 
-@dataclass
-class VariantRun:
-    """Everything measured for one variant (the reference included)."""
+def measure(
+    config: ValidateConfig,
+    *,
+    reference: Variant = REFERENCE,
+    noise_floor: Variant | None = NOISE_FLOOR,
+    progress: Progress | None = None,
+    source: Source | None = None,
+) -> Record:
+    """Every measurement of every variant, as one record (the engine source unless ``source``)."""
+    if source is None:
+        from mlaq.validate.sources.engine import EngineSource
 
-    variant: Variant
-    sums: BucketSums  # teacher-forced per-position quantities and per-layer error terms
-    layers: dict[int, bool] = field(default_factory=dict)  # layer -> is MTP
-    ops: list[OpError] = field(default_factory=list)
-    generation: Generation | None = None
-    descriptions: dict[str, str] = field(default_factory=dict)
-    sample: str = ""  # the first prompt's completion, decoded
-    seconds: float = 0.0
+        source = EngineSource(config, reference=reference, noise_floor=noise_floor)
+    from mlaq.validate.progress import NullProgress
 
-
-@dataclass
-class Measured:
-    """The raw material of a report (``results.assemble`` turns it into JSON)."""
-
-    config: ValidateConfig
-    model_config: ModelConfig
-    data: EvalData
-    buckets: Buckets
-    reference: VariantRun
-    noise_floor: VariantRun | None
-    candidates: list[VariantRun]
-    operands: dict[int, dict[str, float]]
-    decisions: list[dict[str, Any]]
-    timings: dict[str, float]
-    num_mtp_layers: int
-    prompt_sample: str  # the end of the first prompt, decoded
+    return source.measure(progress or NullProgress())
 
 
 def run_validation(
@@ -75,161 +43,4 @@ def run_validation(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Measure every candidate (and the noise floor) against ``reference``; returns the report dict."""
-    return assemble(measure(config, reference=reference, noise_floor=noise_floor, progress=progress))
-
-
-def measure(
-    config: ValidateConfig,
-    *,
-    reference: Variant = REFERENCE,
-    noise_floor: Variant | None = NOISE_FLOOR,
-    progress: Progress | None = None,
-) -> Measured:
-    """Every measurement, raw (``run_validation`` assembles them into the report dict)."""
-    progress = progress or NullProgress()
-    t0 = time.perf_counter()
-    model_config = ModelConfig.from_dir(config.model)
-    if config.as_configured:  # a bad --quantization-config fails now, not after minutes of work
-        decide_from_dir(config.model, config.settings, config.quantization_config, log=False)
-    context = config.resolve_context(model_config.max_position_embeddings)
-    needed = config.prompt_len + config.max_tokens + config.num_speculative_tokens
-    if needed > context:
-        raise ValueError(
-            f"--prompt-len {config.prompt_len} + --max-tokens {config.max_tokens} (+ k drafts) = {needed} "
-            f"tokens do not fit the context of {context}; shorten them or raise --context-len"
-        )
-    tokenizer = Tokenizer.from_dir(config.model)
-    data = load_eval_text(
-        config.eval_text,
-        tokenizer,
-        context_len=context,
-        windows=config.windows,
-        prompts=config.prompts,
-        prompt_len=config.prompt_len,
-        seed=config.seed,
-    )
-    buckets = Buckets(context, min(config.buckets, context))
-    candidates = config.variants(reference)
-    others = ([noise_floor] if noise_floor is not None else []) + list(candidates)
-    runs = {v: VariantRun(v, BucketSums(buckets)) for v in [reference, *others]}
-    pool = ModelPool(config)
-    if config.num_speculative_tokens and pool.model(reference).num_mtp_layers == 0:
-        raise ValueError(
-            f"{config.model} has no MTP layer weights, so MTP speculative decoding cannot run; "
-            "pass --num-speculative-tokens 0"
-        )
-    timings = {"load_and_tokenize": time.perf_counter() - t0}
-    windows = data.windows()
-    progress.begin(len(windows) * (1 + len(others)) + 1 + len(others))
-    ok = False
-    try:
-        t1 = time.perf_counter()
-        operands = _teacher_forced(pool, runs, reference, others, windows, progress)
-        timings["teacher_forced_and_per_layer"] = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        prompts = data.prompts()
-        for v in [reference, *others]:
-            k = config.num_speculative_tokens
-            progress.step(f"{v.name}: greedy generation" + (f", MTP k={k}" if k else ""))
-            start = time.perf_counter()
-            runs[v].generation = gen = generate(
-                pool.model(v),
-                prompts,
-                max_tokens=config.max_tokens,
-                num_speculative_tokens=k,
-                max_model_len=context,
-                seed=config.seed,
-            )
-            runs[v].sample = tokenizer.decode(gen.tokens[0])
-            runs[v].seconds += time.perf_counter() - start
-        timings["generation"] = time.perf_counter() - t2
-        ok = True
-    finally:
-        progress.end(ok)
-    timings["total"] = time.perf_counter() - t0
-    return Measured(
-        config,
-        model_config,
-        data,
-        buckets,
-        runs[reference],
-        runs[noise_floor] if noise_floor is not None else None,
-        [runs[v] for v in candidates],
-        operands,
-        pool.decisions(),
-        timings,
-        pool.model(reference).num_mtp_layers,
-        tokenizer.decode(prompts[0][-48:]),
-    )
-
-
-def _teacher_forced(
-    pool: ModelPool,
-    runs: dict[Variant, VariantRun],
-    reference: Variant,
-    others: Sequence[Variant],
-    windows: Sequence[torch.Tensor],
-    progress: Progress,
-) -> dict[int, dict[str, float]]:
-    """Per window: capture under the reference, then every variant teacher-forced and per layer.
-    Returns the first window's operand statistics per layer."""
-    operands: dict[int, dict[str, float]] = {}
-    ref_run = runs[reference]
-    ref_abs: dict[int, AbsorbedWeights] = {}
-    for w, ids in enumerate(windows):
-        progress.step(f"reference capture, window {w + 1}/{len(windows)}")
-        start = time.perf_counter()
-        ref_model = pool.model(reference)
-        window = capture_reference(ref_model, ids)
-        nll = -window.logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0]  # (T-1,)
-        ref_run.sums.add("nll", torch.arange(nll.shape[0]), nll)
-        if w == 0:  # per-op figures on the first window (the reference's weights are snapshotted)
-            ref_abs = _absorbed(ref_model, window.layers)
-            for inp in window.layers:
-                operands[inp.layer] = operand_stats(ref_abs[inp.layer], inp)
-                ref_run.ops.append(op_errors(ref_abs[inp.layer], ref_abs[inp.layer], inp))
-            ref_run.descriptions = scheme_descriptions(ref_model)
-        ref_run.seconds += time.perf_counter() - start
-        for v in others:
-            progress.step(f"{v.name}: teacher-forced window {w + 1}/{len(windows)}, per-layer attention")
-            start = time.perf_counter()
-            model = pool.model(v)
-            logits = model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]  # (T, V)
-            _add_divergence(runs[v].sums, window.logprobs, logits, ids[0, 1:])
-            del logits
-            _add_layer_errors(runs[v], model, window.layers)
-            if w == 0:
-                abs_v = _absorbed(model, window.layers)
-                runs[v].ops = [op_errors(abs_v[i.layer], ref_abs[i.layer], i) for i in window.layers]
-                runs[v].descriptions = scheme_descriptions(model)
-            runs[v].seconds += time.perf_counter() - start
-    return operands
-
-
-def _add_divergence(
-    sums: BucketSums, ref_logprobs: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor
-) -> None:
-    d = divergence(ref_logprobs, logits, targets)
-    t = ref_logprobs.shape[0]
-    positions = torch.arange(t)
-    sums.add("kl", positions, d.kl)
-    sums.add("top1", positions, d.top1)
-    sums.add("nll_delta", positions[:-1], d.nll_delta)
-
-
-def _add_layer_errors(run: VariantRun, model: torch.nn.Module, layers: Sequence[LayerInput]) -> None:
-    for inp in layers:
-        diff2, ref2 = relative_error_terms(attention_output(model, inp), inp.ref_out)  # (T',) each
-        run.sums.add(f"attn_diff2/{inp.layer}", inp.positions[0], diff2)
-        run.sums.add(f"attn_ref2/{inp.layer}", inp.positions[0], ref2)
-        run.layers[inp.layer] = inp.mtp
-
-
-def _absorbed(model: torch.nn.Module, layers: Sequence[LayerInput]) -> dict[int, AbsorbedWeights]:
-    """Each layer's prepared BMM weights now (immutable: safe to keep across re-preparation)."""
-    out = {}
-    for inp in layers:
-        ab = model.model.layers[inp.layer].self_attn.absorbed
-        assert ab is not None
-        out[inp.layer] = ab
-    return out
+    return summarize(measure(config, reference=reference, noise_floor=noise_floor, progress=progress))

@@ -1,0 +1,94 @@
+"""What every source records the same way: versions, the model's geometry, the text, the run's settings."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+import torch
+
+import mlaq
+from mlaq.model.config import ModelConfig
+from mlaq.validate.config import ValidateConfig
+from mlaq.validate.metrics import BucketSums
+from mlaq.validate.record import Totals
+from mlaq.validate.text import EvalData
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def versions() -> dict[str, str]:
+    out = {"mlaq": mlaq.__version__, "torch": torch.__version__, "python": sys.version.split()[0]}
+    try:
+        import tokenizers
+
+        out["tokenizers"] = tokenizers.__version__
+    except ImportError:  # pragma: no cover - the tokenizer could not have loaded
+        pass
+    out["platform"] = platform.platform()
+    out["machine"] = platform.machine()
+    return out
+
+
+def model_info(config: ValidateConfig, mc: ModelConfig, num_mtp_layers: int) -> dict[str, Any]:
+    return {
+        "path": str(config.model),
+        "model_type": mc.model_type,
+        "num_hidden_layers": mc.num_hidden_layers,
+        "num_mtp_layers": num_mtp_layers,
+        "num_attention_heads": mc.num_attention_heads,
+        "kv_lora_rank": mc.kv_lora_rank,
+        "qk_nope_head_dim": mc.qk_nope_head_dim,
+        "qk_rope_head_dim": mc.qk_rope_head_dim,
+        "v_head_dim": mc.v_head_dim,
+        "max_position_embeddings": mc.max_position_embeddings,
+        "checkpoint_dtype": str(mc.hf.get("torch_dtype") or mc.hf.get("dtype") or "bfloat16"),
+    }
+
+
+def eval_text_info(data: EvalData, prompt_sample: str) -> dict[str, Any]:
+    return {
+        "path": str(data.path),
+        "sha256": data.sha256,
+        "bytes": data.num_bytes,
+        "tokens": len(data.tokens),
+        "window_starts": list(data.window_starts),
+        "prompt_starts": list(data.prompt_starts),
+        "prompt_sample": prompt_sample,
+    }
+
+
+def config_info(c: ValidateConfig, data: EvalData, buckets: int) -> dict[str, Any]:
+    return {
+        "schemes": list(c.schemes),
+        "as_configured": c.as_configured,
+        "settings": c.settings.to_json() if c.as_configured else None,
+        "quantization_config": c.quantization_config,
+        "precision": c.precision.value,
+        "context_len": data.context_len,
+        "windows": len(data.window_starts),
+        "buckets": buckets,
+        "prompts": c.prompts,
+        "prompt_len": c.prompt_len,
+        "max_tokens": c.max_tokens,
+        "num_speculative_tokens": c.num_speculative_tokens,
+        "ngram": c.ngram,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def totals(per_window: list[BucketSums]) -> dict[str, Totals]:
+    """One ``Totals`` per quantity from one ``BucketSums`` per window (a quantity a window lacks: 0)."""
+    names = dict.fromkeys(n for s in per_window for n in s.sums)
+    out = {}
+    for name in names:
+        sums, counts = [], []
+        for s in per_window:
+            zero = [0.0] * s.buckets.count
+            sums.append(s.sums[name].tolist() if name in s.sums else zero)
+            counts.append(s.counts[name].tolist() if name in s.counts else zero)
+        out[name] = Totals(sums, counts)
+    return out

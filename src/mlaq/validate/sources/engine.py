@@ -1,0 +1,251 @@
+"""The in-memory engine as a measurement source: every variant of one checkpoint, run here, into a Record.
+
+Order of work (one model per dtype stays loaded; schemes are re-prepared in place):
+1. per teacher-forcing window: the reference run captures every layer's attention input and the
+   reference log-probabilities; then each variant runs (a) the whole window teacher-forced with the
+   absorbed (decode) path -> KL, top-1, NLL change by position, and (b) each layer's attention on the
+   captured inputs -> relative error by layer and position; on the first window also the per-op
+   error of both BMMs;
+2. per variant: greedy generation from the prompts, speculative with k MTP drafts when k >= 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from mlaq.engine.tokenizer import Tokenizer
+from mlaq.model import ModelCache
+from mlaq.model.config import ModelConfig
+from mlaq.model.mla import AttnPath
+from mlaq.model.mla_core import AbsorbedWeights
+from mlaq.policy import decide_from_dir
+from mlaq.validate.capture import LayerInput, attention_output, capture_reference
+from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
+from mlaq.validate.generation import generate
+from mlaq.validate.metrics import Buckets, BucketSums, divergence, relative_error_terms
+from mlaq.validate.progress import NullProgress, Progress
+from mlaq.validate.record import GenerationRecord, LayerRef, OpRecord, Record, SpecCounts, VariantRecord
+from mlaq.validate.sources import common
+from mlaq.validate.text import load_eval_text
+from mlaq.validate.theory import op_errors, operand_stats
+from mlaq.validate.variants import ModelPool, scheme_descriptions
+
+
+@dataclass
+class _Run:
+    """What is being measured for one variant (mutable while the source runs)."""
+
+    variant: Variant
+    windows: list[BucketSums] = field(default_factory=list)
+    layers: dict[int, bool] = field(default_factory=dict)  # layer -> is MTP
+    ops: list[OpRecord] = field(default_factory=list)
+    generation: GenerationRecord | None = None
+    descriptions: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def freeze(self, decisions: list[dict]) -> VariantRecord:
+        v = self.variant
+        return VariantRecord(
+            name=v.name,
+            kind=v.kind.value,
+            dtype=common.dtype_name(v.dtype),
+            schemes=dict(self.descriptions),
+            positions=common.totals(self.windows),
+            layers=[LayerRef(i, mtp) for i, mtp in sorted(self.layers.items())],
+            ops=list(self.ops),
+            generation=self.generation,
+            decisions=decisions if v.kind is VariantKind.AS_CONFIGURED else [],
+            seconds=self.seconds,
+        )
+
+
+class EngineSource:
+    """Loads the checkpoint once per dtype and measures every variant in this process."""
+
+    name = "engine"
+
+    def __init__(
+        self,
+        config: ValidateConfig,
+        *,
+        reference: Variant = REFERENCE,
+        noise_floor: Variant | None = NOISE_FLOOR,
+    ) -> None:
+        self.config, self.reference, self.noise_floor = config, reference, noise_floor
+
+    def measure(self, progress: Progress | None = None) -> Record:
+        progress = progress or NullProgress()
+        config, reference = self.config, self.reference
+        t0 = time.perf_counter()
+        model_config = ModelConfig.from_dir(config.model)
+        if config.as_configured:  # a bad --quantization-config fails now, not after minutes of work
+            decide_from_dir(config.model, config.settings, config.quantization_config, log=False)
+        context = config.resolve_context(model_config.max_position_embeddings)
+        needed = config.prompt_len + config.max_tokens + config.num_speculative_tokens
+        if needed > context:
+            raise ValueError(
+                f"--prompt-len {config.prompt_len} + --max-tokens {config.max_tokens} (+ k drafts) = {needed} "
+                f"tokens do not fit the context of {context}; shorten them or raise --context-len"
+            )
+        tokenizer = Tokenizer.from_dir(config.model)
+        data = load_eval_text(
+            config.eval_text,
+            tokenizer,
+            context_len=context,
+            windows=config.windows,
+            prompts=config.prompts,
+            prompt_len=config.prompt_len,
+            seed=config.seed,
+        )
+        buckets = Buckets(context, min(config.buckets, context))
+        candidates = config.variants(reference)
+        others = ([self.noise_floor] if self.noise_floor is not None else []) + list(candidates)
+        runs = {v: _Run(v) for v in [reference, *others]}
+        pool = ModelPool(config)
+        if config.num_speculative_tokens and pool.model(reference).num_mtp_layers == 0:
+            raise ValueError(
+                f"{config.model} has no MTP layer weights, so MTP speculative decoding cannot run; "
+                "pass --num-speculative-tokens 0"
+            )
+        timings = {"load_and_tokenize": time.perf_counter() - t0}
+        windows = data.windows()
+        progress.begin(len(windows) * (1 + len(others)) + 1 + len(others))
+        ok = False
+        try:
+            t1 = time.perf_counter()
+            operands = _teacher_forced(pool, runs, reference, others, windows, buckets, progress)
+            timings["teacher_forced_and_per_layer"] = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            prompts = data.prompts()
+            for v in [reference, *others]:
+                k = config.num_speculative_tokens
+                progress.step(f"{v.name}: greedy generation" + (f", MTP k={k}" if k else ""))
+                start = time.perf_counter()
+                gen = generate(
+                    pool.model(v),
+                    prompts,
+                    max_tokens=config.max_tokens,
+                    num_speculative_tokens=k,
+                    max_model_len=context,
+                    seed=config.seed,
+                )
+                s = gen.stats
+                runs[v].generation = GenerationRecord(
+                    [list(t) for t in gen.tokens],
+                    gen.seconds,
+                    None
+                    if s is None
+                    else SpecCounts(
+                        s.num_drafts,
+                        s.num_draft_tokens,
+                        s.num_accepted_tokens,
+                        list(s.num_accepted_tokens_per_pos),
+                    ),
+                    tokenizer.decode(gen.tokens[0]),
+                )
+                runs[v].seconds += time.perf_counter() - start
+            timings["generation"] = time.perf_counter() - t2
+            ok = True
+        finally:
+            progress.end(ok)
+        timings["total"] = time.perf_counter() - t0
+        decisions = pool.decisions()
+        num_mtp = pool.model(reference).num_mtp_layers
+        return Record(
+            model=common.model_info(config, model_config, num_mtp),
+            eval_text=common.eval_text_info(data, tokenizer.decode(prompts[0][-48:])),
+            config=common.config_info(config, data, buckets.count),
+            seed=config.seed,
+            versions=common.versions(),
+            buckets=[list(r) for r in buckets.ranges()],
+            reference=runs[reference].freeze(decisions),
+            noise_floor=None if self.noise_floor is None else runs[self.noise_floor].freeze(decisions),
+            candidates=[runs[v].freeze(decisions) for v in candidates],
+            operands={str(k): v for k, v in sorted(operands.items())},
+            timings=timings,
+            source=self.name,
+        )
+
+
+def _teacher_forced(
+    pool: ModelPool,
+    runs: dict[Variant, _Run],
+    reference: Variant,
+    others: Sequence[Variant],
+    windows: Sequence[torch.Tensor],
+    buckets: Buckets,
+    progress: Progress,
+) -> dict[int, dict[str, float]]:
+    """Per window: capture under the reference, then every variant teacher-forced and per layer.
+    Returns the first window's operand statistics per layer."""
+    operands: dict[int, dict[str, float]] = {}
+    ref_run = runs[reference]
+    ref_abs: dict[int, AbsorbedWeights] = {}
+    for w, ids in enumerate(windows):
+        progress.step(f"reference capture, window {w + 1}/{len(windows)}")
+        start = time.perf_counter()
+        ref_model = pool.model(reference)
+        window = capture_reference(ref_model, ids)
+        nll = -window.logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0]  # (T-1,)
+        ref_run.windows.append(sums := BucketSums(buckets))
+        sums.add("nll", torch.arange(nll.shape[0]), nll)
+        if w == 0:  # per-op figures on the first window (the reference's weights are snapshotted)
+            ref_abs = _absorbed(ref_model, window.layers)
+            for inp in window.layers:
+                operands[inp.layer] = operand_stats(ref_abs[inp.layer], inp)
+                ref_run.ops.append(_op(op_errors(ref_abs[inp.layer], ref_abs[inp.layer], inp)))
+            ref_run.descriptions = scheme_descriptions(ref_model)
+        ref_run.seconds += time.perf_counter() - start
+        for v in others:
+            progress.step(f"{v.name}: teacher-forced window {w + 1}/{len(windows)}, per-layer attention")
+            start = time.perf_counter()
+            model = pool.model(v)
+            runs[v].windows.append(sums := BucketSums(buckets))
+            logits = model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]  # (T, V)
+            _add_divergence(sums, window.logprobs, logits, ids[0, 1:])
+            del logits
+            _add_layer_errors(runs[v], sums, model, window.layers)
+            if w == 0:
+                abs_v = _absorbed(model, window.layers)
+                runs[v].ops = [_op(op_errors(abs_v[i.layer], ref_abs[i.layer], i)) for i in window.layers]
+                runs[v].descriptions = scheme_descriptions(model)
+            runs[v].seconds += time.perf_counter() - start
+    return operands
+
+
+def _op(o) -> OpRecord:  # theory.OpError -> the record's plain copy
+    return OpRecord(o.layer, o.weight_uk, o.weight_uv, o.act_uk, o.act_uv, o.bmm_uk, o.bmm_uv)
+
+
+def _add_divergence(
+    sums: BucketSums, ref_logprobs: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor
+) -> None:
+    d = divergence(ref_logprobs, logits, targets)
+    positions = torch.arange(ref_logprobs.shape[0])
+    sums.add("kl", positions, d.kl)
+    sums.add("top1", positions, d.top1)
+    sums.add("nll_delta", positions[:-1], d.nll_delta)
+
+
+def _add_layer_errors(
+    run: _Run, sums: BucketSums, model: torch.nn.Module, layers: Sequence[LayerInput]
+) -> None:
+    for inp in layers:
+        diff2, ref2 = relative_error_terms(attention_output(model, inp), inp.ref_out)  # (T',) each
+        sums.add(f"attn_diff2/{inp.layer}", inp.positions[0], diff2)
+        sums.add(f"attn_ref2/{inp.layer}", inp.positions[0], ref2)
+        run.layers[inp.layer] = inp.mtp
+
+
+def _absorbed(model: torch.nn.Module, layers: Sequence[LayerInput]) -> dict[int, AbsorbedWeights]:
+    """Each layer's prepared BMM weights now (immutable: safe to keep across re-preparation)."""
+    out = {}
+    for inp in layers:
+        ab = model.model.layers[inp.layer].self_attn.absorbed
+        assert ab is not None
+        out[inp.layer] = ab
+    return out
