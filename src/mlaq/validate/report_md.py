@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mlaq.validate.report_stream import stream_section
 from mlaq.validate.summary import caption, format_markdown, variants
 
 PLOTS = {
@@ -289,7 +290,8 @@ def _decisions(r: dict[str, Any]) -> list[str]:
 def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     """The whole report.md."""
     lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
-    lines += _acceptance(r) + _generation(r) + _decisions(r)
+    streamed = stream_section(r)  # teacher-forced only: no generation to show
+    lines += (streamed or _acceptance(r) + _generation(r)) + _decisions(r)
     if plots:
         lines += ["## Plots", ""] + [f"![{PLOTS.get(p, p)}]({p})" for p in plots] + [""]
     t = r["timings"]

@@ -90,6 +90,12 @@ def format_plain(report: dict[str, Any]) -> str:
 def caption(report: dict[str, Any]) -> str:
     c, m = report["config"], report["model"]
     k = c["num_speculative_tokens"]
+    if c.get("stream"):
+        return (
+            f"{m['path']} ({m['model_type']}, {m['num_hidden_layers']}+{m['num_mtp_layers']} MLA layers), "
+            f"{c['windows']} x {c['context_len']}-token windows, layer-streamed (teacher-forced only, no "
+            f"free generation), precision {c['precision']}, seed {report['seed']}"
+        )
     return (
         f"{m['path']} ({m['model_type']}, {m['num_hidden_layers']}+{m['num_mtp_layers']} MLA layers), "
         f"{c['windows']} x {c['context_len']}-token windows, {c['prompts']} prompts x {c['max_tokens']} "
