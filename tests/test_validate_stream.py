@@ -89,7 +89,9 @@ def test_streamed_equals_in_memory_in_fp32(checkpoint) -> None:
 def test_streamed_equals_in_memory_bf16_with_noise_floor_and_as_configured(checkpoint) -> None:
     """Default variants (bf16 reference, fp32 noise floor: two compute dtypes streamed side by side)
     and --as-configured through the policy."""
-    cfg = _config(checkpoint, as_configured=True, quantization_config='{"targets": {"re:.*kv_b_proj": "mxfp4"}}')
+    cfg = _config(
+        checkpoint, as_configured=True, quantization_config='{"targets": {"re:.*kv_b_proj": "mxfp4"}}'
+    )
     engine, stream = _both(cfg)
     _assert_same(engine, stream)
     assert stream.candidates[-1].decisions == engine.candidates[-1].decisions != []
@@ -155,17 +157,17 @@ def test_parse_size_rejects(text) -> None:
 
 
 def _cli(ckpt, out, *extra):
-    return main(
-        ["validate", str(ckpt), "--stream", "--context-len", "64", "--windows", "1", "--schemes", "mxfp4"]
-        + ["--no-progress", "--out", str(out), *extra]
-    )
+    args = ["validate", str(ckpt), "--stream", "--context-len", "64", "--windows", "1", "--schemes", "mxfp4"]
+    return main([*args, "--no-progress", "--out", str(out), *extra])
 
 
 def test_cli_stream_writes_the_report(checkpoint, tmp_path, capsys) -> None:
     assert _cli(checkpoint, tmp_path / "r", "--memory-budget", "4GiB") == 0
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Layer streaming" in md and "Free generation and MTP acceptance**: not run" in md
-    assert "layer-streamed (teacher-forced only" in capsys.readouterr().out.replace("\n", " ").replace("  ", " ")
+    assert "layer-streamed (teacher-forced only" in capsys.readouterr().out.replace("\n", " ").replace(
+        "  ", " "
+    )
 
 
 def test_memory_budget_needs_stream(checkpoint, capsys) -> None:
@@ -211,5 +213,7 @@ def test_ctrl_c_is_a_clean_stop(checkpoint, tmp_path, monkeypatch, capsys) -> No
     capsys.readouterr()
     assert _cli(checkpoint, out) == 130
     err = capsys.readouterr().err
-    assert err.strip() == "mlaq validate: interrupted; nothing was written (a previous report stays as it was)"
+    assert (
+        err.strip() == "mlaq validate: interrupted; nothing was written (a previous report stays as it was)"
+    )
     assert (out / "report.json").read_bytes() == before
