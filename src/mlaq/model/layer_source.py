@@ -30,7 +30,7 @@ from mlaq.model.mtp import MTPLayer
 from mlaq.model.norm import RMSNorm
 from mlaq.model.range_reader import RangeCheckpoint
 from mlaq.model.registry import MlpKind
-from mlaq.model.weights import CheckpointQuant, CheckpointWeight, read_linear, read_tensor
+from mlaq.model.weights import CheckpointQuant, CheckpointWeight, WeightFormat, read_linear, read_tensor
 
 LOGGER = logging.getLogger("mlaq.model")
 EXPERTS = "mlp.experts."  # routed experts' module prefix inside a layer (read one by one)
@@ -167,7 +167,9 @@ class LayerSource:
             full = prefix + local if local else prefix.rstrip(".")
             if isinstance(module, nn.Linear):
                 stored = read_linear(reader, self.quant, full, tuple(module.weight.shape))  # type: ignore[arg-type]
-                weight = stored.dequantize()
+                # dense weights cast straight from their stored dtype (exact, as via fp32, without the
+                # fp32 copy a bf16 layer would otherwise pass through); quantized ones dequantized exactly
+                weight = stored.codes if stored.format is WeightFormat.DENSE else stored.dequantize()
                 check_finite(weight, reader.where(f"{full}.weight"))
                 for dt, mod in modules.items():
                     _set(mod.get_submodule(local), "weight", weight.to(dt))

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,7 @@ class RangeCheckpoint:
                     )
                 self._info[name] = info
         self.bytes_read = 0
+        self.seconds_reading = 0.0  # wall time inside reads (open + pread): the I/O share of a run
 
     def __enter__(self) -> RangeCheckpoint:
         return self
@@ -115,7 +117,7 @@ class RangeCheckpoint:
         buf = self._read(name, info, [(0, info.nbytes)])
         if info.nbytes == 0:
             return torch.empty(info.shape, dtype=info.dtype)
-        return torch.frombuffer(buf, dtype=torch.uint8).view(info.dtype).reshape(info.shape)
+        return buf.view(info.dtype).reshape(info.shape)
 
     def get_rows(self, name: str, rows: Sequence[int]) -> Tensor:
         """Rows ``rows`` (ascending, distinct) of a 2-D tensor, e.g. the embedding rows of a batch's
@@ -136,11 +138,12 @@ class RangeCheckpoint:
         buf = self._read(name, info, [(r * row_bytes, n * row_bytes) for r, n in runs])
         if not rows:
             return torch.empty(0, cols, dtype=info.dtype)
-        return torch.frombuffer(buf, dtype=torch.uint8).view(info.dtype).reshape(len(rows), cols)
+        return buf.view(info.dtype).reshape(len(rows), cols)
 
-    def _read(self, name: str, info: TensorInfo, ranges: Sequence[tuple[int, int]]) -> bytearray:
-        """The bytes of ``ranges`` ((offset in the tensor, length) each), concatenated."""
-        buf = bytearray(sum(n for _, n in ranges))
+    def _read(self, name: str, info: TensorInfo, ranges: Sequence[tuple[int, int]]) -> Tensor:
+        """The bytes of ``ranges`` ((offset in the tensor, length) each), concatenated, as uint8."""
+        start = time.perf_counter()
+        buf = torch.empty(sum(n for _, n in ranges), dtype=torch.uint8)  # not zero-filled: read over
         try:
             fd = os.open(info.file, os.O_RDONLY)
         except FileNotFoundError:
@@ -151,7 +154,7 @@ class RangeCheckpoint:
         except OSError as exc:
             raise ValueError(f"{info.file}: cannot open to read tensor {name!r} ({exc})") from None
         try:
-            view, at = memoryview(buf), 0
+            view, at = memoryview(buf.numpy()), 0
             for offset, length in ranges:
                 done = 0
                 while done < length:  # pread may return short counts on large reads
@@ -165,7 +168,8 @@ class RangeCheckpoint:
                 at += length
         finally:
             os.close(fd)
-        self.bytes_read += len(buf)
+        self.bytes_read += buf.numel()
+        self.seconds_reading += time.perf_counter() - start
         return buf
 
 

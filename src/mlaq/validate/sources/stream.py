@@ -9,6 +9,7 @@ plan, the peak resident set, and the bytes read and seconds spent per layer.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
@@ -85,15 +86,7 @@ def stream_info(m: StreamMeasurement) -> dict[str, Any]:
         "within_budget": m.peak_rss <= m.plan.budget,
         "plan": m.plan.to_json(),
         "bytes_read": m.bytes_read,
-        "layers": [
-            {
-                "layer": s.layer,
-                "seconds": s.seconds,
-                "bytes_read": s.bytes_read,
-                "experts_read": s.experts_read,
-            }
-            for s in m.layer_stats
-        ],
+        "layers": [dataclasses.asdict(s) for s in m.layer_stats],
     }
 
 

@@ -39,10 +39,18 @@ from mlaq.validate.text import EvalData, load_eval_text
 
 @dataclass(frozen=True)
 class LayerStat:
+    """Where one layer's time went (-1: the final norm and head). ``read_seconds`` is the I/O share of
+    ``weights_seconds`` + ``expert_seconds`` (reading, dequantizing and casting weights)."""
+
     layer: int
     seconds: float
     bytes_read: int
     experts_read: int
+    read_seconds: float = 0.0
+    weights_seconds: float = 0.0  # the layer's non-expert weights
+    attention_seconds: float = 0.0  # every stream's attention and the per-layer replays
+    mlp_seconds: float = 0.0  # the MLP / MoE of every stream, routed-expert reading included
+    expert_seconds: float = 0.0  # reading and preparing routed experts
 
 
 @dataclass
@@ -113,27 +121,51 @@ def measure_stream(
     ok = False
     try:
         for i in range(n_main):
-            start, read0 = time.perf_counter(), source.bytes_read
+            start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
             progress.update(i, read0, f"layer {i}: reading")
             layer = source.layer(i, dtypes)
+            t_weights = time.perf_counter()
             absorbed = _prepare(layer, variants, policy, config)
+            progress.update(i, source.bytes_read, f"layer {i}: attention")
             attention_stage(i, False, layer.modules, absorbed, ref, others, step, the_plan.chunk, operands)
-            experts = _mlp(source, i, layer.modules, streams)
+            t_attn = time.perf_counter()
+            progress.update(i, source.bytes_read, f"layer {i}: MLP")
+            clock = [0.0]
+            experts = _mlp(source, i, layer.modules, streams, clock)
             del layer, absorbed
+            end = time.perf_counter()
             out.layer_stats.append(
-                LayerStat(i, time.perf_counter() - start, source.bytes_read - read0, experts)
+                LayerStat(
+                    i,
+                    end - start,
+                    source.bytes_read - read0,
+                    experts,
+                    source.reader.seconds_reading - io0,
+                    t_weights - start,
+                    t_attn - t_weights,
+                    end - t_attn,
+                    clock[0],
+                )
             )
         progress.update(n_main, source.bytes_read, "final norm and head: KL, top-1, ΔNLL")
-        start, read0 = time.perf_counter(), source.bytes_read
+        start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
         final = _head(source, streams, ids, dtypes, the_plan.head_chunk)
-        out.layer_stats.append(LayerStat(-1, time.perf_counter() - start, source.bytes_read - read0, 0))
+        out.layer_stats.append(
+            LayerStat(
+                -1,
+                time.perf_counter() - start,
+                source.bytes_read - read0,
+                0,
+                source.reader.seconds_reading - io0,
+            )
+        )
         for j in range(source.num_mtp_layers):
             i = n_main + j
             shift = j + 1
             if context <= shift:
                 break
-            start, read0 = time.perf_counter(), source.bytes_read
-            progress.update(i + 1, read0, f"MTP layer {i}: reading")
+            start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
+            progress.update(i + 1, read0, f"MTP layer {i}")
             final, experts = mtp_stage(
                 source,
                 i,
@@ -147,7 +179,13 @@ def measure_stream(
                 lambda index, modules, ss: _mlp(source, index, modules, ss),
             )
             out.layer_stats.append(
-                LayerStat(i, time.perf_counter() - start, source.bytes_read - read0, experts)
+                LayerStat(
+                    i,
+                    time.perf_counter() - start,
+                    source.bytes_read - read0,
+                    experts,
+                    source.reader.seconds_reading - io0,
+                )
             )
         ok = True
     finally:
@@ -184,7 +222,9 @@ def _prepare(layer, variants: Sequence[Variant], policy, config: ValidateConfig)
     return absorbed
 
 
-def _mlp(source: LayerSource, index: int, modules, streams: Sequence[Stream]) -> int:
+def _mlp(
+    source: LayerSource, index: int, modules, streams: Sequence[Stream], clock: list[float] | None = None
+) -> int:
     """Post-attention norm and MLP for every stream and window; returns the routed experts read."""
     keys = [(s, w) for s in streams for w in range(len(s.x))]
     normed = [modules[s.variant.dtype].post_attention_layernorm(s.x[w]) for s, w in keys]
@@ -196,7 +236,11 @@ def _mlp(source: LayerSource, index: int, modules, streams: Sequence[Stream]) ->
 
         def fetch(expert: int, dtypes: set[torch.dtype]):
             count[0] += 1
-            return source.expert(index, expert, sorted(dtypes, key=str))
+            start = time.perf_counter()
+            modules = source.expert(index, expert, sorted(dtypes, key=str))
+            if clock is not None:
+                clock[0] += time.perf_counter() - start
+            return modules
 
         mlps = [modules[s.variant.dtype].mlp for s, _ in keys]
         outs = moe_groups(mlps, normed, fetch)
