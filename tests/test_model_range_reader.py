@@ -69,9 +69,14 @@ def test_truncated_file_is_a_clear_error(tmp_path) -> None:
         RangeCheckpoint(tmp_path)
 
 
-def test_layer_source_holds_what_load_model_loads(tmp_path) -> None:
+@pytest.mark.parametrize("slab", [2**24, 1])
+def test_layer_source_holds_what_load_model_loads(tmp_path, monkeypatch, slab) -> None:
     """Every streamed layer (routed experts one by one), the final norm and the head hold exactly the
-    loaded model's values, on an FP8-block checkpoint (dequantized as the loader does)."""
+    loaded model's values, on an FP8-block checkpoint (dequantized as the loader does; slab=1: one
+    128-row block row at a time)."""
+    import mlaq.model.layer_source as layer_source
+
+    monkeypatch.setattr(layer_source, "SLAB_ELEMENTS", slab)
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
     from mlaq.model import load_model

@@ -33,7 +33,10 @@ from mlaq.model.registry import MlpKind
 from mlaq.model.weights import CheckpointQuant, CheckpointWeight, WeightFormat, read_linear, read_tensor
 
 LOGGER = logging.getLogger("mlaq.model")
-EXPERTS = "mlp.experts."  # routed experts' module prefix inside a layer (read one by one)
+EXPERTS = "mlp.experts."
+SLAB_ELEMENTS = (
+    2**24
+)  # FP8-block dequantization works this many elements (64 MiB of fp32) at a time  # routed experts' module prefix inside a layer (read one by one)
 _MTP_SKIP = ("embed_tokens", "shared_head.head")  # vocabulary-sized: rows / the head are read apart
 
 
@@ -146,10 +149,11 @@ class LayerSource:
         name = self.head_name()
         if name == "lm_head.weight":
             stored = read_linear(self.reader, self.quant, "lm_head", (cfg.vocab_size, cfg.hidden_size))  # type: ignore[arg-type]
-            weight = stored.dequantize()
-            check_finite(weight, self.reader.where(name))
-        else:
-            weight = read_tensor(self.reader, name, (cfg.vocab_size, cfg.hidden_size))  # type: ignore[arg-type]
+            return {
+                dt: w.contiguous()
+                for dt, w in _dequantized(stored, list(dtypes), self.reader.where(name)).items()
+            }
+        weight = read_tensor(self.reader, name, (cfg.vocab_size, cfg.hidden_size))  # type: ignore[arg-type]
         return {dt: weight.to(dt).contiguous() for dt in dtypes}
 
     def _fill(
@@ -167,15 +171,11 @@ class LayerSource:
             full = prefix + local if local else prefix.rstrip(".")
             if isinstance(module, nn.Linear):
                 stored = read_linear(reader, self.quant, full, tuple(module.weight.shape))  # type: ignore[arg-type]
-                # dense weights cast straight from their stored dtype (exact, as via fp32, without the
-                # fp32 copy a bf16 layer would otherwise pass through); quantized ones dequantized exactly
-                weight = stored.codes if stored.format is WeightFormat.DENSE else stored.dequantize()
-                check_finite(weight, reader.where(f"{full}.weight"))
-                for dt, mod in modules.items():
-                    _set(mod.get_submodule(local), "weight", weight.to(dt))
+                for dt, weight in _dequantized(stored, list(modules), reader.where(f"{full}.weight")).items():
+                    _set(modules[dt].get_submodule(local), "weight", weight)
                 if local.endswith("kv_b_proj"):  # the policy step needs it as stored
                     stored_by_name[local] = stored
-                del stored, weight
+                del stored
                 if module.bias is not None:
                     bias = read_tensor(reader, f"{full}.bias", tuple(module.bias.shape))  # type: ignore[arg-type]
                     for dt, mod in modules.items():
@@ -187,6 +187,36 @@ class LayerSource:
                     value = tensor.float() if pname in _FP32_PARAMS else tensor.to(dt)
                     _set(mod.get_submodule(local), pname, value)
         return stored_by_name
+
+
+def _dequantized(
+    stored: CheckpointWeight, dtypes: list[torch.dtype], where: str
+) -> dict[torch.dtype, Tensor]:
+    """The weight's exact value in each dtype. Dense weights are cast straight from their stored dtype
+    (exact, as via fp32, without an fp32 copy); FP8 blocks are dequantized a slab of block rows at a
+    time (elementwise code x scale: the same values as the whole tensor at once, with a transient of
+    one slab instead of a whole fp32 copy); other formats whole."""
+    if stored.format is WeightFormat.DENSE:
+        check_finite(stored.codes, where)
+        return {dt: stored.codes.to(dt) for dt in dtypes}
+    if stored.format is not WeightFormat.FP8_BLOCK or stored.block is None or stored.scale is None:
+        weight = stored.dequantize()
+        check_finite(weight, where)
+        return {dt: weight.to(dt) for dt in dtypes}
+    rows, k = stored.codes.shape
+    b0 = stored.block[0]
+    step = b0 * max(1, SLAB_ELEMENTS // (b0 * k))  # whole block rows per slab
+    out = {dt: torch.empty(rows, k, dtype=dt) for dt in dtypes}
+    for r0 in range(0, rows, step):
+        r1 = min(r0 + step, rows)
+        scale = stored.scale[r0 // b0 : -(-r1 // b0)]
+        part = CheckpointWeight(
+            stored.name, stored.format, stored.codes[r0:r1], scale, stored.block
+        ).dequantize()
+        check_finite(part, where)
+        for dt in dtypes:
+            out[dt][r0:r1] = part
+    return out
 
 
 def _set(module: nn.Module, pname: str, tensor: Tensor) -> None:

@@ -201,7 +201,7 @@ def _round_up(n: int) -> str:
     return f"{halves / 2:g}GiB"
 
 
-def held_bytes(numel: int, stored_bytes: int, largest_numel: int, dtype_bytes: tuple[int, ...]) -> int:
+def held_bytes(numel: int, largest_stored: int, fp32_transient: int, dtype_bytes: tuple[int, ...]) -> int:
     """Memory of ``numel`` parameters held in each compute dtype, plus the transient of reading and
-    dequantizing the largest tensor (its stored bytes plus an fp32 copy)."""
-    return numel * sum(dtype_bytes) + stored_bytes + largest_numel * 4
+    dequantizing the largest tensor (its stored bytes plus ``fp32_transient`` fp32 elements)."""
+    return numel * sum(dtype_bytes) + largest_stored + fp32_transient * 4

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mlaq.model.layer_source import LayerSource
+from mlaq.model.layer_source import SLAB_ELEMENTS, LayerSource
+from mlaq.model.weights import DENSE_DTYPES
 from mlaq.validate.config import Variant
 from mlaq.validate.stream.budget import Shape, held_bytes
+
+PREPARED_BYTES = 12  # prepared W_UK + W_UV^T of one variant, bytes per kv_b_proj element (measured: 9-12)
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,15 @@ def _group(source: LayerSource, names: Sequence[str], dtype_bytes: tuple[int, ..
     largest = max(infos, key=lambda i: i.nbytes, default=None)
     if largest is None:
         return 0, 0
-    return held_bytes(numel, largest.nbytes, math.prod(largest.shape), dtype_bytes), stored
+    # the transient of preparing the largest tensor: none for dense (cast from storage), one slab for
+    # FP8 blocks, a whole fp32 copy for the other quantized formats (layer_source._dequantized)
+    if all(i.dtype in DENSE_DTYPES for i in infos):
+        transient = 0
+    elif any(n.endswith("weight_scale_inv") for n in names):
+        transient = min(math.prod(largest.shape), SLAB_ELEMENTS)
+    else:
+        transient = math.prod(largest.shape)
+    return held_bytes(numel, largest.nbytes, transient, dtype_bytes), stored
 
 
 def shape_and_sizes(
@@ -47,7 +58,7 @@ def shape_and_sizes(
     layer_held, expert_held, per_layer = 0, 0, []
     for i in range(source.num_layers):
         held, stored = _group(source, source.layer_names(i, experts=False), dtype_bytes)
-        layer_held = max(layer_held, held + kv_b * 8 * len(variants))
+        layer_held = max(layer_held, held + kv_b * PREPARED_BYTES * len(variants))
         read = stored
         if source.is_moe(i):
             assert cfg.moe is not None
@@ -59,7 +70,8 @@ def shape_and_sizes(
     head_name = source.head_name()
     head_numel = cfg.vocab_size * cfg.hidden_size
     head_stored = source.reader.nbytes(head_name)
-    head = held_bytes(head_numel, head_stored, head_numel, dtype_bytes)
+    dense_head = source.reader.info(head_name).dtype in DENSE_DTYPES
+    head = held_bytes(head_numel, head_stored, 0 if dense_head else head_numel, dtype_bytes)
     embed = (
         windows * tokens * cfg.hidden_size * source.reader.info("model.embed_tokens.weight").dtype.itemsize
     )
