@@ -257,6 +257,7 @@ def main() -> int:
     parser.add_argument("--budget", default="2GiB")
     parser.add_argument("--formats", default="bf16,fp8")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--reuse", action="store_true", help="measure a checkpoint --keep left (no rewrite)")
     parser.add_argument("--layers", type=int, default=BENCH["layers"], help="main layers (smoke runs: fewer)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -269,12 +270,14 @@ def main() -> int:
     results = {}
     for fmt in args.formats.split(","):
         path = Path(args.dir) / f"deepseek-v3-shapes-{fmt}"
-        shutil.rmtree(path, ignore_errors=True)
-        start = time.perf_counter()
-        size = write_checkpoint(path, fmt)
-        print(
-            f"{fmt}: wrote {size / 1e9:.2f} GB in {time.perf_counter() - start:.0f} s to {path}", flush=True
-        )
+        if args.reuse and (path / "config.json").is_file():
+            size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            start = time.perf_counter()
+            size = write_checkpoint(path, fmt)
+            took = time.perf_counter() - start
+            print(f"{fmt}: wrote {size / 1e9:.2f} GB in {took:.0f} s to {path}", flush=True)
         disk = disk_read_speed(next(iter(sorted(path.glob("model-0000[2-9]*.safetensors")))))
         print(f"{fmt}: cold sequential read {disk / 1e9:.2f} GB/s", flush=True)
         results[fmt] = {

@@ -123,7 +123,7 @@ def _attention(s: Shape, chunk: int) -> int:
     bmm = n * chunk * (s.qk_nope + 3 * s.lora + 2 * s.rope + 2 * s.v_head) * 4 * 2
     index = 3 * chunk * s.index_heads * t * 4 if s.index_heads else 0
     masks = s.windows * len(s.stream_bytes) * t * t if s.index_heads else t * t  # bool
-    capture = s.tokens * s.hidden * (4 + b) + n * t * (s.qk_nope + s.lora) * 4  # ref out, BMM inputs
+    capture = s.windows * t * s.hidden * (4 + b) + n * t * (s.qk_nope + s.lora) * 4  # ref in/out, BMM inputs
     return proj + scores + bmm + index + masks + capture
 
 

@@ -22,7 +22,7 @@ def mtp_stage(
     shift: int,
     hidden: list[Tensor],
     ids: Tensor,
-    absorbed_for,
+    absorbed_for,  # (StreamedLayer) -> (Variant -> AbsorbedWeights): prepares one variant's BMMs
     streams: Sequence[Stream],
     operands: dict[int, dict[str, float]],
     chunk: int,
@@ -33,7 +33,7 @@ def mtp_stage(
     ref, others = streams[0], streams[1:]
     dtypes = list(dict.fromkeys(s.variant.dtype for s in streams))
     layer = source.layer(index, dtypes)
-    absorbed = absorbed_for(layer)
+    prepare = absorbed_for(layer)
     mod = layer.modules[ref.variant.dtype]
     assert isinstance(mod, MTPLayer)
     own = f"model.layers.{index}.embed_tokens.weight"
@@ -51,7 +51,7 @@ def mtp_stage(
     # the reference's MTP pass keeps its own hidden states; its measurements land in the reference
     mtp_ref = Stream(ref.variant, xs, [None] * len(xs), ref.sums, ref.layers, ref.ops, ref.descriptions)
     attention_stage(
-        index, True, layer.modules, absorbed, mtp_ref, others, step, chunk, operands, run_others=False
+        index, True, layer.modules, prepare, mtp_ref, others, step, chunk, operands, run_others=False
     )
     experts = fetch_mlp(index, layer.modules, [mtp_ref])
     return mtp_ref.x, experts

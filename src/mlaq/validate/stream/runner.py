@@ -12,7 +12,7 @@ No free generation runs in this mode (it needs every layer per token): the recor
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,8 @@ from torch import Tensor
 
 from mlaq.engine.tokenizer import Tokenizer
 from mlaq.model.kv_b import apply_decision
-from mlaq.model.layer_source import LayerSource
+from mlaq.model.layer_source import LayerSource, StreamedLayer
+from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.model.rope import RopeTable
 from mlaq.model.step import step_positions
 from mlaq.policy import decide_from_dir
@@ -125,14 +126,14 @@ def measure_stream(
             progress.update(i, read0, f"layer {i}: reading")
             layer = source.layer(i, dtypes)
             t_weights = time.perf_counter()
-            absorbed = _prepare(layer, variants, policy, config)
+            prepare = _preparer(layer, policy, config)
             progress.update(i, source.bytes_read, f"layer {i}: attention")
-            attention_stage(i, False, layer.modules, absorbed, ref, others, step, the_plan.chunk, operands)
+            attention_stage(i, False, layer.modules, prepare, ref, others, step, the_plan.chunk, operands)
             t_attn = time.perf_counter()
             progress.update(i, source.bytes_read, f"layer {i}: MLP")
             clock = [0.0]
             experts = _mlp(source, i, layer.modules, streams, clock)
-            del layer, absorbed
+            del layer, prepare
             end = time.perf_counter()
             out.layer_stats.append(
                 LayerStat(
@@ -172,7 +173,7 @@ def measure_stream(
                 shift,
                 final,
                 ids,
-                lambda layer: _prepare(layer, variants, policy, config),
+                lambda layer: _preparer(layer, policy, config),
                 streams,
                 operands,
                 the_plan.chunk,
@@ -209,17 +210,19 @@ def _embed(
     return streams
 
 
-def _prepare(layer, variants: Sequence[Variant], policy, config: ValidateConfig) -> dict:
-    """Each variant's absorbed BMM weights for this layer, prepared as the in-memory pool does."""
-    absorbed = {}
-    for v in variants:
+def _preparer(layer: StreamedLayer, policy, config: ValidateConfig) -> Callable[[Variant], AbsorbedWeights]:
+    """Prepares a variant's absorbed BMM weights for this layer, as the in-memory pool does."""
+
+    def prepare(v: Variant) -> AbsorbedWeights:
         attn = layer.modules[v.dtype].self_attn
         if v.kind is VariantKind.AS_CONFIGURED:
             apply_decision(attn, policy.for_layer(layer.index), layer.kv_b, config.precision)
         else:
             attn.prepare(v.scheme, config.precision)
-        absorbed[v] = attn.absorbed
-    return absorbed
+        assert attn.absorbed is not None
+        return attn.absorbed
+
+    return prepare
 
 
 def _mlp(

@@ -40,13 +40,16 @@ def _group(source: LayerSource, names: Sequence[str], dtype_bytes: tuple[int, ..
         return 0, 0
     # the transient of preparing the largest tensor: none for dense (cast from storage), one slab for
     # FP8 blocks, a whole fp32 copy for the other quantized formats (layer_source._dequantized)
+    stored_largest = largest.nbytes
     if all(i.dtype in DENSE_DTYPES for i in infos):
         transient = 0
+        if largest.dtype.itemsize in dtype_bytes:  # cast to its own dtype: the stored tensor is kept
+            stored_largest = 0
     elif any(n.endswith("weight_scale_inv") for n in names):
         transient = min(math.prod(largest.shape), SLAB_ELEMENTS)
     else:
         transient = math.prod(largest.shape)
-    return held_bytes(numel, largest.nbytes, transient, dtype_bytes), stored
+    return held_bytes(numel, stored_largest, transient, dtype_bytes), stored
 
 
 def shape_and_sizes(
@@ -58,7 +61,7 @@ def shape_and_sizes(
     layer_held, expert_held, per_layer = 0, 0, []
     for i in range(source.num_layers):
         held, stored = _group(source, source.layer_names(i, experts=False), dtype_bytes)
-        layer_held = max(layer_held, held + kv_b * PREPARED_BYTES * len(variants))
+        layer_held = max(layer_held, held + kv_b * PREPARED_BYTES * min(len(variants), 2))  # ref + one
         read = stored
         if source.is_moe(i):
             assert cfg.moe is not None

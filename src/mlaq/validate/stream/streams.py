@@ -9,7 +9,7 @@ are recorded for the per-op error against theory, as validate's capture does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -63,12 +63,21 @@ def describe(ab: AbsorbedWeights, out: dict[str, str]) -> None:
     out[ab.scheme_uv.name] = ab.scheme_uv.description
 
 
+@dataclass
+class _Captured:
+    """The reference's view of one window at one layer."""
+
+    hidden: Tensor  # (1, T, H) input_layernorm output
+    key_mask: Tensor | None  # (1, T, T) the DSA selection it used
+    ref_out: Tensor  # (T, H) float32 attention output
+
+
 @torch.no_grad()
 def attention_stage(
     index: int,
     mtp: bool,
     modules: dict[torch.dtype, DecoderLayer],
-    absorbed: dict[Variant, AbsorbedWeights],
+    prepare: Callable[[Variant], AbsorbedWeights],
     ref: Stream,
     others: Sequence[Stream],
     step: StepPositions,
@@ -77,16 +86,19 @@ def attention_stage(
     *,
     run_others: bool = True,
 ) -> None:
-    """Every stream's attention (plus residual) at layer ``index``, window by window; the reference's
-    input replayed under every other variant. ``run_others=False`` (MTP layers): only the replay."""
+    """Every stream's attention (plus residual) at layer ``index``; the reference's input replayed under
+    every other variant. The reference runs every window first (its inputs captured); then each other
+    variant in turn, its BMM weights prepared (``prepare``) only while it runs, so one candidate's
+    prepared weights are alive at a time. ``run_others=False`` (MTP layers): only the replays."""
     ref_mod = modules[ref.variant.dtype]
-    ref_ab = absorbed[ref.variant]
+    ref_ab = prepare(ref.variant)
+    captured: list[_Captured] = []
+    inp = None
     for w in range(len(ref.x)):
         rec = install(ref_mod, ref_ab, record=w == 0)
         h = ref_mod.input_layernorm(ref.x[w])  # (1, T, H)
         res = attention(ref_mod, h, step, ref.shared_mask[w], chunk)
         ref_out = res.out[0].float()  # (T, H)
-        inp = None
         if rec is not None:
             uk, uv = (torch.cat(r.inputs, dim=1) for r in rec)  # chunks along the token axis
             inp = LayerInput(index, mtp, h, step.positions, res.key_mask, ref_out, (uk, uv))
@@ -97,15 +109,19 @@ def attention_stage(
         ref.x[w] = ref.x[w] + res.out
         if res.key_mask is not None:
             ref.shared_mask[w] = res.key_mask
-        for s in others:
-            mod, ab = modules[s.variant.dtype], absorbed[s.variant]
-            install(mod, ab)
-            out = replay(mod, h, step.positions, res.key_mask, chunk)
-            diff2, ref2 = relative_error_terms(out, ref_out)  # (T,) each
+        captured.append(_Captured(h, res.key_mask, ref_out))
+        del res
+    for s in others:
+        mod = modules[s.variant.dtype]
+        ab = prepare(s.variant)
+        install(mod, ab)
+        for w, cap in enumerate(captured):
+            out = replay(mod, cap.hidden, step.positions, cap.key_mask, chunk)
+            diff2, ref2 = relative_error_terms(out, cap.ref_out)  # (T,) each
             s.sums[w].add(f"attn_diff2/{index}", step.positions[0], diff2)
             s.sums[w].add(f"attn_ref2/{index}", step.positions[0], ref2)
             s.layers[index] = mtp
-            if inp is not None:
+            if w == 0 and inp is not None:
                 s.ops.append(op_errors(ab, ref_ab, inp))
                 describe(ab, s.descriptions)
             if run_others:
@@ -113,4 +129,5 @@ def attention_stage(
                 s.x[w] = s.x[w] + own.out
                 if own.key_mask is not None:
                     s.shared_mask[w] = own.key_mask
-        del h, res, ref_out, inp
+        install(mod, ref_ab)  # drops this variant's prepared weights before the next one's are built
+        del ab
