@@ -58,15 +58,15 @@ def report(results: dict, budget: str, run: dict, bench: dict) -> str:
             "",
             f"{fmt}, per layer (seconds; 'weights' and 'experts' include their reads):",
             "",
-            "| layer | GB read | total | read | weights | attention | MLP | experts (n) |",
-            "|---|---|---|---|---|---|---|---|",
+            "| layer | GB read | total | read | weights | attention | MLP | experts (n) | peak RSS so far |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for x in r["stream"]["layers"]:
             name = "head" if x["layer"] < 0 else str(x["layer"])
             lines.append(
                 f"| {name} | {x['bytes_read'] / 1e9:.3f} | {x['seconds']:.1f} | {x['read_seconds']:.1f} | "
                 f"{x['weights_seconds']:.1f} | {x['attention_seconds']:.1f} | {x['mlp_seconds']:.1f} | "
-                f"{x['expert_seconds']:.1f} ({x['experts_read']}) |"
+                f"{x['expert_seconds']:.1f} ({x['experts_read']}) | {x['peak_rss'] / 2**30:.2f} GiB |"
             )
     return "\n".join(lines)
 

@@ -210,12 +210,25 @@ def _dequantized(
     for r0 in range(0, rows, step):
         r1 = min(r0 + step, rows)
         scale = stored.scale[r0 // b0 : -(-r1 // b0)]
-        part = CheckpointWeight(
-            stored.name, stored.format, stored.codes[r0:r1], scale, stored.block
-        ).dequantize()
+        part = _fp8_block_slab(stored.codes[r0:r1], scale, stored.block)
         check_finite(part, where)
         for dt in dtypes:
             out[dt][r0:r1] = part
+    return out
+
+
+def _fp8_block_slab(codes: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+    """codes (r, k) e4m3 x their blocks' scales (ceil(r/b0), ceil(k/b1)) in fp32. The fp32 product of a
+    4-bit-significand code and an fp32 scale is rounded once, as Fp8Tensor.dequantize's exact float64
+    product rounded to fp32 is (its docstring): the same values, without float64 temporaries."""
+    b0, b1 = block
+    r, k = codes.shape
+    cols = scale.float().repeat_interleave(b1, dim=1)[:, :k]  # (ceil(r/b0), k)
+    out = codes.float()  # e4m3 -> fp32 is exact
+    if r % b0 == 0:
+        out.view(r // b0, b0, k).mul_(cols[:, None, :])
+    else:
+        out.mul_(cols.repeat_interleave(b0, dim=0)[:r])
     return out
 
 

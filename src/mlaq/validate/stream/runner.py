@@ -11,6 +11,7 @@ No free generation runs in this mode (it needs every layer per token): the recor
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class LayerStat:
     attention_seconds: float = 0.0  # every stream's attention and the per-layer replays
     mlp_seconds: float = 0.0  # the MLP / MoE of every stream, routed-expert reading included
     expert_seconds: float = 0.0  # reading and preparing routed experts
+    peak_rss: int = 0  # the process's peak resident set at the end of this layer
 
 
 @dataclass
@@ -135,7 +137,8 @@ def measure_stream(
             experts = _mlp(source, i, layer.modules, streams, clock)
             del layer, prepare
             end = time.perf_counter()
-            out.layer_stats.append(
+            _stat(
+                out,
                 LayerStat(
                     i,
                     end - start,
@@ -146,19 +149,20 @@ def measure_stream(
                     t_attn - t_weights,
                     end - t_attn,
                     clock[0],
-                )
+                ),
             )
         progress.update(n_main, source.bytes_read, "final norm and head: KL, top-1, ΔNLL")
         start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
         final = _head(source, streams, ids, dtypes, the_plan.head_chunk)
-        out.layer_stats.append(
+        _stat(
+            out,
             LayerStat(
                 -1,
                 time.perf_counter() - start,
                 source.bytes_read - read0,
                 0,
                 source.reader.seconds_reading - io0,
-            )
+            ),
         )
         for j in range(source.num_mtp_layers):
             i = n_main + j
@@ -179,14 +183,15 @@ def measure_stream(
                 the_plan.chunk,
                 lambda index, modules, ss: _mlp(source, index, modules, ss),
             )
-            out.layer_stats.append(
+            _stat(
+                out,
                 LayerStat(
                     i,
                     time.perf_counter() - start,
                     source.bytes_read - read0,
                     experts,
                     source.reader.seconds_reading - io0,
-                )
+                ),
             )
         ok = True
     finally:
@@ -196,6 +201,10 @@ def measure_stream(
     out.peak_rss = peak_rss()
     out.timings = {"total": time.perf_counter() - t0}
     return out
+
+
+def _stat(out: StreamMeasurement, stat: LayerStat) -> None:
+    out.layer_stats.append(dataclasses.replace(stat, peak_rss=peak_rss()))
 
 
 def _embed(
