@@ -32,7 +32,7 @@ H, HEADS, Q_LORA, KV_LORA, NOPE, ROPE, V_HEAD = 7168, 128, 1536, 512, 128, 64, 1
 MOE_I, DENSE_I, VOCAB = 2048, 18432, 8192
 BENCH = {"layers": 4, "experts": 16, "per_token": 2}
 DEEPSEEK_V3 = {"layers": 61, "dense": 3, "experts": 256, "per_token": 8, "vocab": 129280, "mtp": 1}
-RUN = {"windows": 2, "context_len": 256, "schemes": ("fp8_per_tensor", "mxfp4")}
+RUN = {"windows": 1, "context_len": 128, "schemes": ("fp8_per_tensor", "mxfp4")}
 
 
 def config(fmt: str) -> dict:
