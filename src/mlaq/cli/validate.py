@@ -114,6 +114,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from mlaq.cli import validate_server
 
     validate_server.add_arguments(parser)
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="read the checkpoint one layer (and one routed expert) at a time: models larger than memory; "
+        "teacher-forced measurements only (no free generation, no MTP acceptance)",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="with --stream: the memory the run may use, e.g. 8GiB, 2GB, 512MiB (default 8GiB); planned "
+        "before any weight is read, the peak resident set is reported",
+    )
 
 
 def _schemes(values: list[str] | None, as_configured: bool) -> tuple[str, ...]:
@@ -203,8 +215,28 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--eval-text {config.eval_text}: no such file")
     if args.threads:
         torch.set_num_threads(args.threads)
+    source = None
+    if args.memory_budget is not None and not args.stream:
+        raise ValueError("--memory-budget applies to --stream; add --stream")
+    if args.stream:
+        from mlaq.validate.sources.stream import StreamSource
+        from mlaq.validate.stream import DEFAULT_BUDGET
+        from mlaq.validate.stream.progress import make_layer_progress
+
+        budget = args.memory_budget or DEFAULT_BUDGET
+        source = StreamSource(config, budget, layer_progress=make_layer_progress(not args.no_progress))
+    try:
+        record = measure(config, progress=make_progress(not args.no_progress), source=source)
+    except KeyboardInterrupt:
+        if not args.stream:
+            raise
+        print(
+            "mlaq validate: interrupted; nothing was written (a previous report stays as it was)",
+            file=sys.stderr,
+        )
+        return 130
     verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
-    report = summarize(measure(config, progress=make_progress(not args.no_progress)), verdicts)
+    report = summarize(record, verdicts)
     if args.out:
         paths = write_report(report, args.out)
         print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from mlaq.validate import report_sections as sections
+from mlaq.validate.report_stream import stream_section
 from mlaq.validate.summary import caption, format_markdown, variants
 
 PLOTS = {
@@ -301,7 +302,8 @@ def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     else:
         lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
         lines += sections.kld_section(r)
-    lines += _acceptance(r) + _generation(r) + _decisions(r)
+    streamed = stream_section(r)  # teacher-forced only: no generation to show
+    lines += (streamed or _acceptance(r) + _generation(r)) + _decisions(r)
     if plots:
         lines += ["## Plots", ""] + [f"![{PLOTS.get(p, p)}]({p})" for p in plots] + [""]
     t = r["timings"]

@@ -98,6 +98,12 @@ def caption(report: dict[str, Any]) -> str:
             f"{c['context_len']}-token windows (top-{c['logprobs']} logprobs), {c['prompts']} prompts x "
             f"{c['max_tokens']} greedy tokens" + (f", MTP k={k}" if k else "") + f", seed {report['seed']}"
         )
+    if c.get("stream"):
+        return (
+            f"{m['path']} ({m['model_type']}, {m['num_hidden_layers']}+{m['num_mtp_layers']} MLA layers), "
+            f"{c['windows']} x {c['context_len']}-token windows, layer-streamed (teacher-forced only, no "
+            f"free generation), precision {c['precision']}, seed {report['seed']}"
+        )
     return (
         f"{m['path']} ({m['model_type']}, {m['num_hidden_layers']}+{m['num_mtp_layers']} MLA layers), "
         f"{c['windows']} x {c['context_len']}-token windows, {c['prompts']} prompts x {c['max_tokens']} "

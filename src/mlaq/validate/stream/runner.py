@@ -1,0 +1,295 @@
+"""``measure_stream``: validate's teacher-forced measurements, layer-major over a checkpoint read one
+layer (and, inside an MoE layer, one routed expert) at a time.
+
+Order of work: plan the memory; embed every window for every stream (only the embedding rows the
+windows use are read); per main layer: read it in every compute dtype, prepare each variant's BMMs,
+run every stream's attention (replaying the reference's input under each variant), then the MLP, each
+routed expert read once for all streams, release; then the final norm and head (KL / top-1 / ΔNLL per
+position chunk); then the MTP layer(s) on the reference's hidden states, replayed like the main ones.
+No free generation runs in this mode (it needs every layer per token): the record says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mlaq.engine.tokenizer import Tokenizer
+from mlaq.model.kv_b import apply_decision
+from mlaq.model.layer_source import LayerSource, StreamedLayer
+from mlaq.model.mla_core import AbsorbedWeights
+from mlaq.model.rope import RopeTable
+from mlaq.model.step import step_positions
+from mlaq.policy import decide_from_dir
+from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
+from mlaq.validate.metrics import Buckets, divergence
+from mlaq.validate.stream.budget import Plan, current_rss, peak_rss, plan
+from mlaq.validate.stream.layer_exec import moe_groups
+from mlaq.validate.stream.mtp import mtp_stage
+from mlaq.validate.stream.progress import LayerProgress, NullLayerProgress
+from mlaq.validate.stream.sizes import shape_and_sizes
+from mlaq.validate.stream.streams import Stream, attention_stage
+from mlaq.validate.text import EvalData, load_eval_text
+
+
+@dataclass(frozen=True)
+class LayerStat:
+    """Where one layer's time went (-1: the final norm and head). ``read_seconds`` is the I/O share of
+    ``weights_seconds`` + ``expert_seconds`` (reading, dequantizing and casting weights)."""
+
+    layer: int
+    seconds: float
+    bytes_read: int
+    experts_read: int
+    read_seconds: float = 0.0
+    weights_seconds: float = 0.0  # the layer's non-expert weights
+    attention_seconds: float = 0.0  # every stream's attention and the per-layer replays
+    mlp_seconds: float = 0.0  # the MLP / MoE of every stream, routed-expert reading included
+    expert_seconds: float = 0.0  # reading and preparing routed experts
+    peak_rss: int = 0  # the process's peak resident set at the end of this layer
+
+
+@dataclass
+class StreamMeasurement:
+    """The raw material of a streamed report: one Stream per variant, reference first."""
+
+    config: ValidateConfig
+    data: EvalData
+    buckets: Buckets
+    source: LayerSource
+    streams: list[Stream]  # reference, noise floor (if any), candidates in report order
+    noise_floor: bool
+    operands: dict[int, dict[str, float]]
+    decisions: list[dict[str, Any]]
+    plan: Plan
+    layer_stats: list[LayerStat] = field(default_factory=list)
+    bytes_read: int = 0
+    peak_rss: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def measure_stream(
+    config: ValidateConfig,
+    budget: int,
+    *,
+    reference: Variant = REFERENCE,
+    noise_floor: Variant | None = NOISE_FLOOR,
+    progress: LayerProgress | None = None,
+    max_chunk: int | None = None,
+) -> StreamMeasurement:
+    """Measure every candidate (and the noise floor) against ``reference`` within ``budget`` bytes.
+    ``max_chunk`` caps the attention / head chunk the plan picks (tests: force the chunked path)."""
+    progress = progress or NullLayerProgress()
+    t0 = time.perf_counter()
+    source = LayerSource(config.model, load_mtp=None)
+    cfg = source.config
+    policy = None
+    if config.as_configured:  # a bad --quantization-config fails now, before any layer is read
+        policy = decide_from_dir(config.model, config.settings, config.quantization_config, log=False)
+    context = config.resolve_context(cfg.max_position_embeddings)
+    data = load_eval_text(
+        config.eval_text,
+        Tokenizer.from_dir(config.model),
+        context_len=context,
+        windows=config.windows,
+        prompts=config.prompts,
+        prompt_len=min(config.prompt_len, context - 1),
+        seed=config.seed,
+    )
+    buckets = Buckets(context, min(config.buckets, context))
+    variants = [reference, *([noise_floor] if noise_floor else []), *config.variants(reference)]
+    dtypes = list(dict.fromkeys(v.dtype for v in variants))
+    windows = data.windows()
+    shape, sizes = shape_and_sizes(source, variants, len(windows), context)
+    the_plan = plan(shape, budget, current_rss(), sizes.layer, sizes.expert, sizes.head, max_chunk)
+    ids = torch.cat(windows)  # (W, T)
+    streams = _embed(source, variants, windows, ids, buckets)
+    ref, others = streams[0], streams[1:]
+    step = step_positions((0,), context, RopeTable(source.mla_config.rope))
+    operands: dict[int, dict[str, float]] = {}
+    out = StreamMeasurement(
+        config, data, buckets, source, streams, noise_floor is not None, operands, [], the_plan
+    )
+    if policy is not None:
+        out.decisions = [d.to_json() for d in policy.layers]
+    n_main = cfg.num_hidden_layers
+    progress.begin(source.num_layers + 1, sizes.total_read)
+    ok = False
+    try:
+        for i in range(n_main):
+            start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
+            progress.update(i, read0, f"layer {i}: reading")
+            layer = source.layer(i, dtypes)
+            t_weights = time.perf_counter()
+            prepare = _preparer(layer, policy, config)
+            progress.update(i, source.bytes_read, f"layer {i}: attention")
+            attention_stage(i, False, layer.modules, prepare, ref, others, step, the_plan.chunk, operands)
+            t_attn = time.perf_counter()
+            progress.update(i, source.bytes_read, f"layer {i}: MLP")
+            clock = [0.0]
+            experts = _mlp(source, i, layer.modules, streams, clock)
+            del layer, prepare
+            end = time.perf_counter()
+            _stat(
+                out,
+                LayerStat(
+                    i,
+                    end - start,
+                    source.bytes_read - read0,
+                    experts,
+                    source.reader.seconds_reading - io0,
+                    t_weights - start,
+                    t_attn - t_weights,
+                    end - t_attn,
+                    clock[0],
+                ),
+            )
+        progress.update(n_main, source.bytes_read, "final norm and head: KL, top-1, ΔNLL")
+        start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
+        final = _head(source, streams, ids, dtypes, the_plan.head_chunk)
+        _stat(
+            out,
+            LayerStat(
+                -1,
+                time.perf_counter() - start,
+                source.bytes_read - read0,
+                0,
+                source.reader.seconds_reading - io0,
+            ),
+        )
+        for j in range(source.num_mtp_layers):
+            i = n_main + j
+            shift = j + 1
+            if context <= shift:
+                break
+            start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
+            progress.update(i + 1, read0, f"MTP layer {i}")
+            final, experts = mtp_stage(
+                source,
+                i,
+                shift,
+                final,
+                ids,
+                lambda layer: _preparer(layer, policy, config),
+                streams,
+                operands,
+                the_plan.chunk,
+                lambda index, modules, ss: _mlp(source, index, modules, ss),
+            )
+            _stat(
+                out,
+                LayerStat(
+                    i,
+                    time.perf_counter() - start,
+                    source.bytes_read - read0,
+                    experts,
+                    source.reader.seconds_reading - io0,
+                ),
+            )
+        ok = True
+    finally:
+        progress.update(source.num_layers + 1, source.bytes_read, "done" if ok else "stopped")
+        progress.end(ok)
+    out.bytes_read = source.bytes_read
+    out.peak_rss = peak_rss()
+    out.timings = {"total": time.perf_counter() - t0}
+    return out
+
+
+def _stat(out: StreamMeasurement, stat: LayerStat) -> None:
+    out.layer_stats.append(dataclasses.replace(stat, peak_rss=peak_rss()))
+
+
+def _embed(
+    source: LayerSource, variants: Sequence[Variant], windows: list[Tensor], ids: Tensor, buckets: Buckets
+) -> list[Stream]:
+    rows, remapped = source.embedding_rows("model.embed_tokens.weight", ids)
+    streams = []
+    for v in variants:
+        table = rows.to(v.dtype)
+        embedded = [table[remapped[w : w + 1]] for w in range(len(windows))]  # (1, T, H) each
+        streams.append(Stream.start(v, embedded, buckets))
+    return streams
+
+
+def _preparer(layer: StreamedLayer, policy, config: ValidateConfig) -> Callable[[Variant], AbsorbedWeights]:
+    """Prepares a variant's absorbed BMM weights for this layer, as the in-memory pool does."""
+
+    def prepare(v: Variant) -> AbsorbedWeights:
+        attn = layer.modules[v.dtype].self_attn
+        if v.kind is VariantKind.AS_CONFIGURED:
+            apply_decision(attn, policy.for_layer(layer.index), layer.kv_b, config.precision)
+        else:
+            attn.prepare(v.scheme, config.precision)
+        assert attn.absorbed is not None
+        return attn.absorbed
+
+    return prepare
+
+
+def _mlp(
+    source: LayerSource, index: int, modules, streams: Sequence[Stream], clock: list[float] | None = None
+) -> int:
+    """Post-attention norm and MLP for every stream and window; returns the routed experts read."""
+    keys = [(s, w) for s in streams for w in range(len(s.x))]
+    normed = [modules[s.variant.dtype].post_attention_layernorm(s.x[w]) for s, w in keys]
+    if not source.is_moe(index):
+        outs = [modules[s.variant.dtype].mlp(h) for (s, _), h in zip(keys, normed, strict=True)]
+        read = 0
+    else:
+        count = [0]
+
+        def fetch(expert: int, dtypes: set[torch.dtype]):
+            count[0] += 1
+            start = time.perf_counter()
+            modules = source.expert(index, expert, sorted(dtypes, key=str))
+            if clock is not None:
+                clock[0] += time.perf_counter() - start
+            return modules
+
+        mlps = [modules[s.variant.dtype].mlp for s, _ in keys]
+        outs = moe_groups(mlps, normed, fetch)
+        read = count[0]
+    for (s, w), y in zip(keys, outs, strict=True):
+        s.x[w] = s.x[w] + y
+    return read
+
+
+def _head(
+    source: LayerSource, streams: Sequence[Stream], ids: Tensor, dtypes: list[torch.dtype], chunk: int
+) -> list[Tensor]:
+    """Final norm, lm_head and the teacher-forced comparison per window and position chunk. Returns the
+    reference's final hidden states (what the MTP layer consumes); frees every stream's."""
+    norms, heads = source.norm(dtypes), source.head(dtypes)
+    ref, others = streams[0], streams[1:]
+    t = ids.shape[1]
+    final_ref = []
+    for w in range(ids.shape[0]):
+        hidden = {s.variant: norms[s.variant.dtype](s.x[w]) for s in streams}  # (1, T, H)
+        final_ref.append(hidden[ref.variant])
+        for a in range(0, t, chunk):
+            b = min(a + chunk, t)
+            e = min(b + 1, t)  # one row more: the NLL of row b-1 needs target b, and KL counts [a, b)
+            targets = ids[w, a + 1 : e]
+            ref_lp = torch.log_softmax(
+                F.linear(hidden[ref.variant][0, a:e], heads[ref.variant.dtype]).float(), dim=-1
+            )
+            pos = torch.arange(a, b)
+            nll = -ref_lp[: len(targets)].gather(1, targets[:, None])[:, 0]
+            ref.sums[w].add("nll", torch.arange(a, a + len(targets)), nll)
+            for s in others:
+                logits = F.linear(hidden[s.variant][0, a:e], heads[s.variant.dtype]).float()
+                d = divergence(ref_lp, logits, targets)
+                s.sums[w].add("kl", pos, d.kl[: b - a])
+                s.sums[w].add("top1", pos, d.top1[: b - a])
+                s.sums[w].add("nll_delta", torch.arange(a, a + len(targets)), d.nll_delta)
+        for s in streams:
+            s.x[w] = s.x[w][:, :0]  # the hidden states are no longer needed
+    return final_ref
