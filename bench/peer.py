@@ -95,7 +95,7 @@ def acceptance(cell: dict[str, Any]) -> str:
         for name in names:
             if isinstance(a.get(name), (int, float)):
                 got[what] = a[name] - (b.get(name) or 0)
-    if not got.get("drafts"):
+    if not got.get("drafts") or "accepted" not in got:
         return "-"
     return f"{1 + got['accepted'] / got['drafts']:.2f}"
 
@@ -182,6 +182,10 @@ def main() -> int:
         "--compiled-spec", action="store_true", help="also mlaq-compiled with MTP (minutes of compiling a k)"
     )
     p.add_argument("--transformers-max-batch", type=int, default=8, help="larger batches skip transformers")
+    p.add_argument("--spec-prompt-lens", type=int, nargs="*", default=[512], help="prompts run with MTP")
+    p.add_argument(
+        "--max-batch-tokens", type=int, default=32768, help="skip cells whose batch * prompt exceeds this"
+    )
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -217,7 +221,8 @@ def main() -> int:
             {"prompt_len": n, "batch": b, "k": k}
             for n in a.prompt_lens
             for b in a.batches
-            for k in [0, *(a.spec if b in a.spec_batches else [])]
+            for k in [0, *(a.spec if b in a.spec_batches and n in a.spec_prompt_lens else [])]
+            if b * n <= a.max_batch_tokens
         ]
         parity = None
         if a.parity_prompts:
@@ -245,6 +250,8 @@ def main() -> int:
             res = run_engine(engine, python, engine_job, Path(tmp) / f"{engine}.json", a.threads)
             if res is not None:
                 results[engine] = res
+                if a.out:  # after every engine: a later failure keeps the figures so far
+                    a.out.write_text(json.dumps({"job": job, "label": label, "results": results}, indent=1))
     head = [
         f"model: {label}",
         f"machine: {cpu_name()} ({os.cpu_count()} cores), {a.threads} thread(s) per engine, {a.dtype}",

@@ -89,7 +89,7 @@ class VllmEngine:
         try:
             for m in self.llm.get_metrics():
                 if m.name.startswith("vllm:spec_decode"):
-                    out[m.name] = getattr(m, "value", None) or getattr(m, "values", None)
+                    out[m.name] = m.value if hasattr(m, "value") else getattr(m, "values", None)
         except Exception as e:  # noqa: BLE001 - metrics are a report extra, never fatal
             out["error"] = repr(e)
         return out
