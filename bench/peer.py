@@ -159,9 +159,7 @@ def parity_lines(results: dict[str, dict[str, Any]]) -> list[str]:
                 for j in range(end):
                     diffs.append(abs(dict(tops[0][j])[mine[j]] - dict(tops[1][j])[theirs[j]]))
         mean = f"{sum(diffs) / len(diffs):.4f} / {max(diffs):.4f}" if diffs else "-"
-        lines.append(
-            f"| {engine} | {plp:.4f} | {', '.join(firsts)} | {'; '.join(margins) or '-'} | {mean} |"
-        )
+        lines.append(f"| {engine} | {plp:.4f} | {', '.join(firsts)} | {'; '.join(margins) or '-'} | {mean} |")
     return lines
 
 
@@ -256,8 +254,7 @@ def main() -> int:
         f"model: {label}",
         f"machine: {cpu_name()} ({os.cpu_count()} cores), {a.threads} thread(s) per engine, {a.dtype}",
         f"greedy, ignore_eos, {a.new_tokens} new tokens, best of {a.repeats}; engines run one after another",
-        "start-up s (per k): "
-        + "; ".join(f"{e} {json.dumps(r['startup_s'])}" for e, r in results.items()),
+        "start-up s (per k): " + "; ".join(f"{e} {json.dumps(r['startup_s'])}" for e, r in results.items()),
         "",
     ]
     text = "\n".join(head + table(results, a.new_tokens) + [""] + parity_lines(results))
