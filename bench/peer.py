@@ -193,7 +193,14 @@ def main() -> int:
     p.add_argument("--parity-new", type=int, default=64)
     p.add_argument("--vllm-python", default=None)
     p.add_argument("--out", type=Path, default=None, help="also write every figure as JSON here")
+    p.add_argument("--report", type=Path, default=None, help="only print the tables of an --out JSON")
     a = p.parse_args()
+    if a.report:
+        saved = json.loads(a.report.read_text())
+        new = saved["job"]["new_tokens"]
+        print(f"model: {saved['label']}\n")
+        print("\n".join(table(saved["results"], new) + [""] + parity_lines(saved["results"])))
+        return 0
 
     engines = list(a.engines)
     vpy = None
