@@ -199,7 +199,7 @@ def main() -> int:
         saved = json.loads(a.report.read_text())
         new = saved["job"]["new_tokens"]
         print(f"model: {saved['label']}\n")
-        print("\n".join(table(saved["results"], new) + [""] + parity_lines(saved["results"])))
+        print("\n".join([*table(saved["results"], new), "", *parity_lines(saved["results"])]))
         return 0
 
     engines = list(a.engines)
