@@ -193,7 +193,8 @@ def fold(chunks_: list[dict[str, Any]]) -> dict[str, Any]:
 def stream_chunk(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any] | None:
     """What the SSE stream sends of a chunk: usage only when asked (stream_options.include_usage)."""
     if chunk["choices"]:
-        return {**chunk, "usage": None} if include_usage else chunk
+        body = {k: v for k, v in chunk.items() if k != "usage"}
+        return {**body, "usage": None} if include_usage else body  # usage only in the final chunk, when asked
     if include_usage or "metrics" in chunk:
         return chunk
     return None
