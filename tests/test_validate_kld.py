@@ -60,7 +60,9 @@ def test_summary_lines_follow_llama_cpp() -> None:
     lines = format_kld_statistics(s)  # type: ignore[arg-type]
     assert lines[0].startswith("Mean    KLD: ") and " ± " in lines[0]
     assert lines[2].startswith("99.9%   KLD: ") and lines[3].startswith("99.0%   KLD: ")
-    assert any(x.startswith(" 0.1%   KLD: ") for x in lines) and any(x.startswith("10.0%   Δp: ") for x in lines)
+    assert any(x.startswith(" 0.1%   KLD: ") for x in lines) and any(
+        x.startswith("10.0%   Δp: ") for x in lines
+    )
     assert lines[-1].startswith("Same top p: ") and lines[-1].endswith(" %")
 
 
