@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_generate import L, R, V, ToyLM
 
 from mlaq.engine.engine import EngineConfig, LLMEngine
 from mlaq.engine.outputs import fold
 from mlaq.engine.sampling_params import SamplingParams
 from mlaq.engine.spec_metrics import SpecDecodingStats
+from test_engine_generate import L, R, ToyLM, V
 
 
 def engine(model: ToyLM | None = None, k: int = 0, **config) -> LLMEngine:

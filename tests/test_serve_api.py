@@ -14,10 +14,10 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 import httpx  # noqa: E402
 import torch  # noqa: E402
-from serve_helpers import MTP, chat_checkpoint, scrape, serving  # noqa: E402
 
 from mlaq.engine.llm import LLM  # noqa: E402
 from mlaq.engine.sampling_params import SamplingParams  # noqa: E402
+from serve_helpers import MTP, chat_checkpoint, scrape, serving  # noqa: E402
 
 PROMPTS = ["the cat", "a dog ran in", "latent attention"]
 
