@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_helpers import add_mtp_layer, hf_checkpoint
+from model_helpers import add_mtp_layer, edit_config, hf_checkpoint
 
 CORPUS = ["the cat sat on the mat", "a dog ran in the park", "latent attention caches tokens"] * 10
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
@@ -27,6 +27,8 @@ def chat_checkpoint(path: Path, mtp: bool = True) -> Path:
     model, _ = hf_checkpoint("deepseek_v3", path, num_hidden_layers=2)
     if mtp:
         add_mtp_layer(model, path)
+    else:
+        edit_config(path, num_nextn_predict_layers=0)
     tk = Tokenizer(models.BPE(unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Metaspace()
     tk.decoder = decoders.Metaspace()

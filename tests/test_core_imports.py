@@ -5,7 +5,9 @@ import sys
 
 from conftest import SRC
 
-OPTIONAL = ("transformers", "tokenizers", "ml_dtypes", "rich", "matplotlib", "jinja2", "hypothesis", "pytest")
+OPTIONAL = ("transformers", "tokenizers", "ml_dtypes", "rich", "matplotlib", "jinja2", "hypothesis", "pytest",
+            "fastapi", "starlette", "uvicorn", "prometheus_client", "pydantic", "httpx", "openai")  # fmt: skip
+EXTRA_PACKAGES = ("mlaq.serve",)  # the serve extra itself: needs FastAPI & co; nothing else imports it
 
 SCRIPT = f"""
 import importlib, pkgutil, sys
@@ -17,7 +19,7 @@ sys.meta_path.insert(0, Block())
 import mlaq
 failed = []
 for m in pkgutil.walk_packages(mlaq.__path__, 'mlaq.'):
-    if m.name.endswith('__main__'):
+    if m.name.endswith('__main__') or m.name.startswith({EXTRA_PACKAGES!r}):
         continue
     try:
         importlib.import_module(m.name)

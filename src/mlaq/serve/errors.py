@@ -58,7 +58,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    # pydantic puts the union member tried into the location ("stop", "str"): keep the field path
+    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _is_type_tag(x)]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('msg')}", None
@@ -66,6 +67,13 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     value = first.get("input")
     shown = f" (got {value!r})" if param and not isinstance(value, dict) and len(repr(value)) < 80 else ""
     return f"{what}{first.get('msg')}{shown}", param
+
+
+_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "function-after", "constrained-str"}
+
+
+def _is_type_tag(x: object) -> bool:
+    return isinstance(x, str) and (x in _TAGS or "[" in x)
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -117,11 +118,12 @@ def run_server(
     config = uvicorn.Config(
         build_app(state),
         log_level=log_level,
-        timeout_graceful_shutdown=shutdown_timeout,
+        # the engine fails what is left after shutdown_timeout; those replies then end with an error event
+        timeout_graceful_shutdown=shutdown_timeout + 5.0,
         access_log=False,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = _server_class()(config, state.engine, shutdown_timeout)
     LOG.info(
         "mlaq serve: %s on http://%s:%d (max_model_len %d)",
         state.config.served_model_name,
@@ -132,6 +134,30 @@ def run_server(
     server.run(sockets=[sock])
     LOG.info("mlaq serve: stopped")
     return 0
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server; on the first SIGINT / SIGTERM the engine gets ``grace`` seconds to finish
+        in-flight requests, then fails the rest with an error the clients can read."""
+
+        def __init__(self, config: Any, engine: Any, grace: float) -> None:
+            super().__init__(config)
+            self._engine, self._grace, self._timer = engine, grace, None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self._timer is None:
+                LOG.info("mlaq serve: stopping (in-flight requests get %.0f s to finish)", self._grace)
+                self._timer = threading.Timer(self._grace, self._engine.stop)
+                self._timer.daemon = True
+                self._timer.start()
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises captured signals on exit (status -15); a requested stop is a clean exit
+            getattr(self, "_captured_signals", []).clear()
+
+    return Server
 
 
 def model_dir(model: str | None) -> str:
