@@ -195,6 +195,8 @@ def stream_chunk(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any] |
     if chunk["choices"]:
         body = {k: v for k, v in chunk.items() if k != "usage"}
         return {**body, "usage": None} if include_usage else body  # usage only in the final chunk, when asked
-    if include_usage or "metrics" in chunk:
+    if include_usage:
         return chunk
+    if "metrics" in chunk:  # the per-request speculative metrics, without the usage nobody asked for
+        return {k: v for k, v in chunk.items() if k != "usage"}
     return None
