@@ -33,6 +33,7 @@ from tiny_export import export
 from tiny_lean import LeanTiny
 from tiny_model import TinyGeometry, build_config
 from tokenizers import Tokenizer
+from train_tiny import make_optimizer, update_router_bias
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlaq-train"
@@ -116,13 +117,6 @@ def corpus(a: argparse.Namespace, run_dir: Path) -> tuple[Tokenizer, list[np.nda
     return tok, streams, held_code, held_prose, info
 
 
-def make_optimizer(model: LeanTiny, lr: float) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
-
-
 def save_state(path: Path, model: LeanTiny, opt: torch.optim.AdamW, meta: dict, dtype: torch.dtype) -> None:
     """Weights, router biases and AdamW moments in one safetensors file, written atomically."""
     tensors = {f"model.{k}": v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
@@ -153,17 +147,6 @@ def load_state(path: Path, model: LeanTiny, opt: torch.optim.AdamW) -> dict:
                     "exp_avg_sq": f.get_tensor(f"opt.{i}.exp_avg_sq").float(),
                 }
     return meta
-
-
-@torch.no_grad()
-def update_router_bias(model: LeanTiny, gamma: float) -> float:
-    """DeepSeek-V3's auxiliary-loss-free balancing; returns the worst max/mean expert load."""
-    worst = 0.0
-    for moe in model.moe_layers():
-        load = moe.stats[0].float()
-        moe.gate.e_score_correction_bias += gamma * torch.sign(load.mean() - load)
-        worst = max(worst, float(load.max() / load.mean()))
-    return worst
 
 
 def lr_at(step: int, tokens: int, total: int, a: argparse.Namespace) -> float:
