@@ -99,23 +99,38 @@ FORMS = (
 )
 
 
-def split_query(template: str, rng: np.random.Generator, enc, **kw: str) -> list[int]:
-    """A query line's ids: half tokenized as one line, half as prompt + answer (the value onwards),
-    the two ways an evaluator may split it."""
+def split_query(template: str, rng: np.random.Generator, enc, **kw: str) -> tuple[list[int], list[int]]:
+    """A query line's (ids, answer mask). The answer is the value with the space before it (" 48213", as
+    the task suite splits ``assert k ==`` + `` 48213``). Half the time the line is tokenized whole, half
+    as prompt + answer: the two ways an evaluator may split it. The mask marks the answer's ids."""
     text = template.format(**kw) + "\n"
-    cut = len(template[: template.index("{v}")].format(**kw))
+    cut = template.index("{v}")
+    if cut and template[cut - 1] == " ":
+        cut -= 1
+    cut = len(template[:cut].format(**kw))
+    end = len(text) - 1 - len(template[template.index("{v}") + 3 :].format(**kw))  # value ends here
+    head = enc(text[:cut])
     if rng.random() < 0.5:
-        return enc(text)
-    return enc(text[:cut]) + enc(text[cut:])
+        ids = enc(text)
+        shared = 0
+        while shared < min(len(ids), len(head)) and ids[shared] == head[shared]:
+            shared += 1
+        tail = len(enc(text[end:]))  # the ids after the value (closing quote, newline ...), roughly
+        return ids, [0] * shared + [1] * max(0, len(ids) - shared - tail) + [0] * min(tail, len(ids) - shared)
+    ans, rest = enc(text[cut:end]), enc(text[end:])
+    return head + ans + rest, [0] * len(head) + [1] * len(ans) + [0] * len(rest)
 
 
 @dataclass(frozen=True)
 class Mix:
-    """Share of windows of each kind (the rest is plain natural text)."""
+    """Share of windows of each kind (the rest is plain natural text): 80 % carry a task."""
 
-    kv: float = 0.35
+    kv: float = 0.5
     copy: float = 0.2
     vartrack: float = 0.1
+
+
+Ids = tuple[list[int], list[int]]  # token ids and a same-length 0/1 answer mask
 
 
 def _splice(hay: list[int], inserts: list[tuple[int, list[int]]]) -> list[int]:
@@ -129,7 +144,11 @@ def _splice(hay: list[int], inserts: list[tuple[int, list[int]]]) -> list[int]:
     return out
 
 
-def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> list[int]:
+def _plain(hay: list[int], n: int) -> Ids:
+    return hay[: n + 1], [0] * (n + 1)
+
+
+def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> Ids:
     """n + 1 tokens: facts spread through the haystack, queries at the end (needle when one fact)."""
     enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     pairs = int(rng.integers(1, max(2, min(64, n // 40)) + 1))
@@ -139,26 +158,32 @@ def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) 
     vals = [random_value(rng) for _ in keys]
     facts = [enc("\n" + fact_t.format(k=k, v=v, d=d) + "\n") for k, v in zip(keys, vals, strict=True)]
     nq = int(rng.integers(1, min(len(keys), 12) + 1))
-    queries: list[int] = enc("\n")
+    queries = enc("\n")
+    qmask = [0] * len(queries)
     for i in rng.permutation(len(keys))[:nq]:
         qt = query_ts[rng.integers(len(query_ts))]
-        queries += split_query(qt, rng, enc, k=keys[i], v=vals[i], d=d)
+        ids, mask = split_query(qt, rng, enc, k=keys[i], v=vals[i], d=d)
+        queries, qmask = queries + ids, qmask + mask
     budget = n + 1 - len(queries) - sum(len(f) for f in facts)
     if budget < 16:  # too many facts for this length: fall back to plain text
-        return hay[: n + 1]
+        return _plain(hay, n)
     body = hay[:budget]
     pos = np.sort(rng.integers(0, budget + 1, size=len(facts)))
-    return (_splice(body, list(zip(pos.tolist(), facts, strict=True))) + queries)[: n + 1]
+    ids = _splice(body, list(zip(pos.tolist(), facts, strict=True)))
+    return (ids + queries)[: n + 1], ([0] * len(ids) + qmask)[: n + 1]
 
 
-def copy_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> list[int]:
+def copy_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> Ids:
     """A segment appears again later, verbatim (what induction heads learn): half the time a span of the
-    haystack repeated, half the time a quoted string of random words assigned early and asserted last."""
+    haystack repeated, half the time a quoted string of random words assigned early and asserted last.
+    The repeat is the answer."""
     if rng.random() < 0.5:
         seg = int(rng.integers(32, max(33, n // 3)))
         start = int(rng.integers(0, max(1, n - 2 * seg)))
         at = int(rng.integers(start + seg, max(start + seg + 1, n + 1 - seg)))
-        return (hay[:at] + hay[start : start + seg] + hay[at:])[: n + 1]
+        ids = hay[:at] + hay[start : start + seg] + hay[at:]
+        mask = [0] * at + [0] + [1] * (seg - 1) + [0] * len(hay[at:])  # the repeat's first id is a guess
+        return ids[: n + 1], mask[: n + 1]
     enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     name, target = random_key(rng), int(rng.integers(24, max(25, n // 3)))
     words: list[str] = []
@@ -166,18 +191,21 @@ def copy_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator
         words += [word(rng, int(rng.integers(1, 4))) for _ in range(8)]
     text = " ".join(words)
     fact = enc(f'\n{name} = "{text}"\n')
-    query = split_query('assert {k} == "{v}"', rng, enc, k=name, v=text)
+    query, qmask = split_query('assert {k} == "{v}"', rng, enc, k=name, v=text)
     budget = n + 1 - len(fact) - len(query) - 1
     if budget < 16:
-        return hay[: n + 1]
+        return _plain(hay, n)
     at = int(rng.integers(0, budget // 2 + 1))
-    return hay[:at] + fact + hay[at:budget] + enc("\n") + query  # n + 1 tokens by construction
+    ids = hay[:at] + fact + hay[at:budget] + enc("\n")
+    return ids + query, [0] * len(ids) + qmask  # n + 1 tokens by construction
 
 
-def vartrack_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> list[int]:
+def vartrack_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator) -> Ids:
     """Chains `a = 123` ... `b = a` ... `c = b` spread through the text; `assert c == 123` at the end."""
     enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
-    inserts, queries, used = [], enc("\n"), 0
+    inserts, used = [], 0
+    queries = enc("\n")
+    qmask = [0] * len(queries)
     for _ in range(int(rng.integers(1, 4))):
         names = [random_key(rng) for _ in range(int(rng.integers(2, 6)))]
         value = str(int(rng.integers(100, 10**6)))
@@ -185,34 +213,35 @@ def vartrack_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Gener
         toks = [enc("\n" + line + "\n") for line in lines]
         inserts.append(toks)
         used += sum(len(t) for t in toks)
-        line = f"assert {names[-1]} == {value}\n"
-        cut = len(line) - len(value) - 1
-        queries += enc(line) if rng.random() < 0.5 else enc(line[:cut]) + enc(line[cut:])
+        ids, mask = split_query("assert {k} == {v}", rng, enc, k=names[-1], v=value)
+        queries, qmask = queries + ids, qmask + mask
     budget = n + 1 - len(queries) - used
     if budget < 16:
-        return hay[: n + 1]
+        return _plain(hay, n)
     body, placed = hay[:budget], []
     for toks in inserts:  # each chain in order, at increasing positions
         pos = np.sort(rng.integers(0, budget + 1, size=len(toks)))
         placed += list(zip(pos.tolist(), toks, strict=True))
-    return (_splice(body, placed) + queries)[: n + 1]
+    ids = _splice(body, placed)
+    return (ids + queries)[: n + 1], ([0] * len(ids) + qmask)[: n + 1]
 
 
 def make_window(
     streams: list[np.ndarray], n: int, tok: Tokenizer, rng: np.random.Generator, mix: Mix
-) -> np.ndarray:
-    """n + 1 token ids: natural text from one source (chosen uniformly), maybe with a task in it."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """(n + 1 token ids, n + 1 answer flags): natural text from one source (chosen uniformly), maybe with
+    a task in it; a flag marks a token only the context can give (a value queried, a repeat)."""
     stream = streams[int(rng.integers(len(streams)))]
     s = int(rng.integers(0, stream.size - n - 1))
     hay = stream[s : s + n + 1].tolist()
     u = rng.random()
     if u < mix.kv:
-        out = kv_window(hay, n, tok, rng)
+        out, mask = kv_window(hay, n, tok, rng)
     elif u < mix.kv + mix.copy:
-        out = copy_window(hay, n, tok, rng)
+        out, mask = copy_window(hay, n, tok, rng)
     elif u < mix.kv + mix.copy + mix.vartrack:
-        out = vartrack_window(hay, n, tok, rng)
+        out, mask = vartrack_window(hay, n, tok, rng)
     else:
-        out = hay
-    assert len(out) == n + 1, (len(out), n)
-    return np.asarray(out, dtype=np.int64)
+        out, mask = _plain(hay, n)
+    assert len(out) == n + 1 and len(mask) == n + 1, (len(out), len(mask), n)
+    return np.asarray(out, dtype=np.int64), np.asarray(mask, dtype=np.int8)

@@ -261,11 +261,21 @@ class LeanTiny(nn.Module):
         x = DecoderLayer.forward(mtp, x, self.cos[:t], self.sin[:t])
         return mtp.shared_head.norm(x)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """tokens (B, T+1) -> (main logits (B,T,V), MTP logits (B,T-1,V), main CE, MTP CE)."""
+    def forward(
+        self, tokens: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens (B, T+1) -> (main logits (B,T,V), MTP logits (B,T-1,V), main CE, MTP CE).
+
+        weights (B, T), optional: per-target weights of the main CE (a weighted mean); the MTP CE is plain.
+        """
         hidden = self.hidden(tokens[:, :-1])
         logits = self.lm_head(hidden)
-        main_ce = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        if weights is None:
+            main_ce = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        else:
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none")
+            w = weights.flatten().float()
+            main_ce = (ce * w).sum() / w.sum()
         mlog = self.lm_head(self.mtp_hidden(hidden[:, :-1], tokens[:, 1:-1]))
         mtp_ce = F.cross_entropy(mlog.flatten(0, 1).float(), tokens[:, 2:].flatten())
         return logits, mlog, main_ce, mtp_ce

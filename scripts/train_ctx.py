@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--decay-tokens", type=int, default=400000, help="last N tokens decay LR linearly to 10 %%"
     )
     p.add_argument("--mtp-weight", type=float, default=0.3)
+    p.add_argument("--answer-weight", type=float, default=4.0, help="loss weight of tokens only the context gives")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="a state file to start a NEW run from (weights + AdamW moments; step and LR schedule "
+                        "start again); its tokens are carried into the totals")  # fmt: skip
     p.add_argument("--bias-speed", type=float, default=1e-2)
     p.add_argument("--balance-alpha", type=float, default=0.01)
     p.add_argument("--prose-mb", type=float, default=30.0, help="MB of kernel docs to train on")
@@ -104,9 +108,13 @@ def corpus(a: argparse.Namespace, run_dir: Path) -> tuple[Tokenizer, list[np.nda
     held_prose = heldout_prose(a.heldout_prose_dir)
     if not (cdir / "tokenizer.json").exists():
         cdir.mkdir(parents=True, exist_ok=True)
-        rng = np.random.default_rng(a.seed)  # tokenizer from a sample of both kinds
-        sample = [code[i] for i in rng.permutation(len(code))[:600]] + prose[:: max(1, len(prose) // 600)]
-        tok = train_tokenizer(sample, 512 if a.smoke else GEOMETRY.vocab_size)
+        shipped = a.out / "tokenizer.json"
+        if a.init_from and shipped.exists():  # continuing a model: keep its tokenizer
+            tok = Tokenizer.from_file(str(shipped))
+        else:
+            rng = np.random.default_rng(a.seed)  # tokenizer from a sample of both kinds
+            sample = [code[i] for i in rng.permutation(len(code))[:600]] + prose[:: max(1, len(prose) // 600)]
+            tok = train_tokenizer(sample, 512 if a.smoke else GEOMETRY.vocab_size)
         for name, texts in (("code", code), ("prose", prose)):
             np.save(cdir / f"{name}.npy", encode_stream(tok, texts))
         tok.save(str(cdir / "tokenizer.json"))
@@ -185,10 +193,17 @@ def main(argv: list[str] | None = None) -> None:
     state_path = run_dir / "state.safetensors"
     meta = {"step": 0, "tokens": 0, "train_seconds": 0.0, "history": []}
     for src in (state_path, a.commit_state):
-        if src.exists():
+        if src.exists() and (a.init_from is None or src == state_path):
             meta = load_state(src, model, opt)
             print(f"resumed from {src} at step {meta['step']}, {meta['tokens']} tokens", flush=True)
             break
+    else:
+        if a.init_from is not None:
+            prior = load_state(a.init_from, model, opt)
+            meta["init_from"] = {"file": a.init_from.name, "tokens": prior["tokens"], "step": prior["step"],
+                                 "train_seconds": prior["train_seconds"], "phases": prior.get("phases"),
+                                 "prior": prior.get("init_from")}  # fmt: skip
+            print(f"new run from {a.init_from} ({prior['tokens']} tokens before)", flush=True)
     meta.update(info=info, geometry=geo.__dict__, phases=a.phases, seed=a.seed, python=platform.python_version(),
                 torch=torch.__version__, cpu=platform.processor() or platform.machine())  # fmt: skip
     if a.export_only:
@@ -201,12 +216,14 @@ def main(argv: list[str] | None = None) -> None:
         seq, batch, _ = plan[ph]
         rng = np.random.default_rng([a.seed, meta["step"]])  # batch of step s depends on (seed, s) only
         windows = [make_window(streams, seq, tok, rng, mix) for _ in range(batch)]
-        x = torch.from_numpy(np.stack(windows))  # (B, seq + 1)
+        x = torch.from_numpy(np.stack([w for w, _ in windows]))  # (B, seq + 1)
+        flags = torch.from_numpy(np.stack([m for _, m in windows]))[:, 1:]  # targets' answer flags
+        weights = 1.0 + (a.answer_weight - 1.0) * flags.float()
         lr = lr_at(meta["step"], meta["tokens"], total, a)
         for group in opt.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, _, main_ce, mtp_ce = step_fn(x)
+            _, _, main_ce, mtp_ce = step_fn(x, weights)
         bal = sum(moe.stats[1] for moe in model.moe_layers())
         loss = main_ce + a.mtp_weight * mtp_ce + bal
         opt.zero_grad(set_to_none=True)
