@@ -23,15 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
+
+from mlaq.model import ModelCache, load_model
+from mlaq.settings import Settings
 from mlaq.validate.intervals import wilson
 from mlaq.validate.tasks.generators import make_sample
 from mlaq.validate.tasks.haystack import Haystack
 from mlaq.validate.tasks.scoring import score_variants
 from mlaq.validate.tasks.spec import TaskConfig
-from tokenizers import Tokenizer
-
-from mlaq.model import ModelCache, load_model
-from mlaq.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 EDGES = (0, 64, 256, 512, 1024, 2048, 4096)
