@@ -58,7 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--decay-tokens", type=int, default=400000, help="last N tokens decay LR linearly to 10 %%"
     )
     p.add_argument("--mtp-weight", type=float, default=0.3)
-    p.add_argument("--answer-weight", type=float, default=4.0, help="loss weight of tokens only the context gives")
+    p.add_argument(
+        "--answer-weight", type=float, default=4.0, help="loss weight of tokens only the context gives"
+    )
     p.add_argument("--init-from", type=Path, default=None,
                    help="a state file to start a NEW run from (weights + AdamW moments; step and LR schedule "
                         "start again); its tokens are carried into the totals")  # fmt: skip
