@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from ctx_data import KERNEL_DOCS, PY_DOCS, Mix, code_texts, heldout_prose, make_window, prose_texts
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tiny_data import SPECIAL, encode_stream, tokenizer_config, train_tokenizer
 from tiny_export import export
 from tiny_lean import LeanTiny
@@ -62,8 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--answer-weight", type=float, default=4.0, help="loss weight of tokens only the context gives"
     )
     p.add_argument("--init-from", type=Path, default=None,
-                   help="a state file to start a NEW run from (weights + AdamW moments; step and LR schedule "
-                        "start again); its tokens are carried into the totals")  # fmt: skip
+                   help="a state file (weights + AdamW moments) or an exported model directory (weights "
+                        "only) to start a NEW run from (step and LR schedule start again); its tokens are "
+                        "carried into the totals")  # fmt: skip
     p.add_argument("--bias-speed", type=float, default=1e-2)
     p.add_argument("--balance-alpha", type=float, default=0.01)
     p.add_argument("--prose-mb", type=float, default=30.0, help="MB of kernel docs to train on")
@@ -171,6 +172,14 @@ def load_state(path: Path, model: LeanTiny, opt: torch.optim.AdamW) -> dict:
     return meta
 
 
+def load_model_dir(path: Path, model: LeanTiny) -> dict:
+    """Weights of an exported model directory (model.safetensors, training.json): a new run from them starts
+    with fresh AdamW moments (the warmup re-estimates them)."""
+    tensors = load_file(str(path / "model.safetensors"))
+    model.load_checkpoint_tensors({k: v.float() for k, v in tensors.items()})
+    return json.loads((path / "training.json").read_text())
+
+
 def lr_at(step: int, tokens: int, total: int, a: argparse.Namespace) -> float:
     lr = a.lr * min(1.0, (step + 1) / a.warmup)
     if a.decay_tokens and tokens > total - a.decay_tokens:
@@ -213,7 +222,11 @@ def main(argv: list[str] | None = None) -> None:
             break
     else:
         if a.init_from is not None:
-            prior = load_state(a.init_from, model, opt)
+            prior = (
+                load_state(a.init_from, model, opt)
+                if a.init_from.is_file()
+                else load_model_dir(a.init_from, model)
+            )
             meta["init_from"] = {"file": a.init_from.name, "tokens": prior["tokens"], "step": prior["step"],
                                  "train_seconds": prior["train_seconds"], "phases": prior.get("phases"),
                                  "prior": prior.get("init_from")}  # fmt: skip

@@ -167,3 +167,14 @@ def test_init_from_starts_a_new_run_and_carries_the_prior_tokens(tmp_path, dirs)
     run(tmp_path / "b", dirs, "64x2:128", "--init-from", str(state))
     meta = json.loads((tmp_path / "b" / "out" / "training.json").read_text())
     assert meta["tokens"] == 128 and meta["init_from"]["tokens"] == 256
+
+
+def test_init_from_a_model_directory_takes_its_weights(tmp_path, dirs):
+    """A new run from an exported directory (weights only, no optimizer state) starts from those weights."""
+    run(tmp_path / "a", dirs, "64x2:256")
+    run(tmp_path / "b", dirs, "64x2:128", "--init-from", str(tmp_path / "a" / "out"), "--lr", "0")
+    a = load_file(tmp_path / "a" / "out" / "model.safetensors")
+    b = load_file(tmp_path / "b" / "out" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if "e_score" not in k)
+    meta = json.loads((tmp_path / "b" / "out" / "training.json").read_text())
+    assert meta["init_from"]["tokens"] == 256
