@@ -140,7 +140,7 @@ def _layer(
     bf16_exact = stored.format is WeightFormat.DENSE and stored.codes.dtype == torch.bfloat16
     ws = workspaces.get()
     try:
-        exact = exact_into(stored, ws.get("full", geo.kv_b_shape))  # [N*(P+V), L] fp32, the exact value
+        exact = exact_into(stored, ws)  # [N*(P+V), L] fp32, the exact value
         if not math.isfinite(float(exact.sum())):  # one pass; any NaN/inf makes the sum non-finite
             check_finite(exact, ckpt.where(f"{module}.weight"))  # names the count
         for h, (key, half) in enumerate(zip(("w_uk", "w_uv"), split_kv_b_proj(exact, n, p, v), strict=True)):
