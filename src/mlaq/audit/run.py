@@ -21,7 +21,6 @@ import torch
 
 from mlaq.audit.layers import Geometry, audited_layers, check_readable, loader_quant
 from mlaq.audit.measure import Workspace, exact_into, measure, scheme_figures
-from mlaq.audit.progress import NullProgress, Progress
 from mlaq.audit.reader import RangeReader
 from mlaq.audit.source import RangeCheckpoint
 from mlaq.bmm import get_scheme, scheme_names, split_kv_b_proj
@@ -32,6 +31,7 @@ from mlaq.model.kv_b import check_stored, prepare_absorbed
 from mlaq.model.weights import WeightFormat, read_linear
 from mlaq.policy import PolicyResult, checkpoint_quant, decide, mla_model, parse_explicit, read_checkpoint_dir
 from mlaq.policy.explicit import load_explicit
+from mlaq.progress import NullProgress, Progress
 from mlaq.settings import Settings
 
 ALL_KV_B = r"re:.*self_attn\.kv_b_proj$"
