@@ -4,8 +4,9 @@ Per layer: the stored weight is decoded by the loader's own reader and dequantiz
 checkpoint with its scales, as an engine does before re-quantizing), split into W_UK (N, P, L) and
 W_UV^T (N, L, V), and each scheme's weights are built exactly as ``load_model`` builds them under
 ``--quantization-config '{"targets": {"re:.*kv_b_proj": SCHEME}}'`` (``mlaq.model.kv_b.prepare_absorbed``,
-so a scheme that runs the checkpoint's own data costs nothing). The result is one JSON-ready record;
-report.md, report.json, the PNG and the terminal table all read only that record.
+so a scheme that runs the checkpoint's own data costs nothing). The figures: ``mlaq.audit.measure``
+(in place, in per-worker buffers), bit for bit those ``mlaq.audit.stats`` states plainly. The result is
+one JSON-ready record; report.md, report.json, the PNG and the terminal table all read only that record.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def audit(
     workers: int = 1,
 ) -> dict[str, Any]:
     """Audit the checkpoint at ``path`` under ``schemes``; the policy column follows ``settings`` and
-    ``quantization_config`` (``--quantization-config`` text); ``workers`` layers run at once (threads).
-    Returns the report record."""
+    ``quantization_config`` (``--quantization-config`` text); ``workers`` layers run at once (threads,
+    one torch thread each; torch's thread count is restored afterwards). Returns the report record."""
     start = time.perf_counter()
     for s in schemes:
         get_scheme(s)  # an unknown name: one line listing the known ones
