@@ -229,6 +229,21 @@ def test_metrics_counters_move_by_the_right_amounts(client, server):
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
 
 
+def test_the_engine_thread_trims_the_heap_once_when_it_goes_idle(client, server):
+    calls: list[tuple[int, int]] = []
+    engine = server.state.engine
+    real, engine._trim = engine._trim, lambda pad: calls.append((pad, engine.steps)) or 1
+    try:
+        client.completions.create(model="tiny", prompt="the cat", max_tokens=4, temperature=0)
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert calls == [(0, engine.steps)]  # once, after the last step; not again while idle
+    finally:
+        engine._trim = real
+
+
 def test_concurrent_requests_share_decode_steps(server):
     before = metrics(server)
 
