@@ -99,7 +99,11 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int)
 
 async def round_(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int) -> list[dict]:
     limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    # one connection per request: a kept-alive connection that idles past uvicorn's keep-alive timeout
+    # (5 s, as vLLM's) while this client is starved of CPU is closed by the server with the next
+    # request already in its buffer, a client-side ReadError that says nothing about the server
+    headers = {"Connection": "close"}
+    async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers) as client:
 
         async def worker(c: int) -> list[dict]:
             out = []
