@@ -37,11 +37,18 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident set (VmRSS) or its peak (VmHWM), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + sys CPU seconds the process has used (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def gen_tokens(url: str) -> float:
@@ -92,7 +99,11 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int)
 
 async def round_(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int) -> list[dict]:
     limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    # one connection per request: a kept-alive connection that idles past uvicorn's keep-alive timeout
+    # (5 s, as vLLM's) while this client is starved of CPU is closed by the server with the next
+    # request already in its buffer, a client-side ReadError that says nothing about the server
+    headers = {"Connection": "close"}
+    async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers) as client:
 
         async def worker(c: int) -> list[dict]:
             out = []
@@ -107,27 +118,31 @@ async def round_(url: str, prompts: list[str], clients: int, requests: int, max_
     return [x for r in results for x in r]
 
 
-def offline(model: str, prompts: list[str], max_tokens: int, max_num_seqs: int) -> dict:
+def offline(model: str, dtype: str, prompts: list[str], max_tokens: int, max_num_seqs: int) -> dict:
     import torch
 
     from mlaq.engine.llm import LLM
     from mlaq.engine.sampling_params import SamplingParams
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    llm = LLM(model, max_num_seqs=max_num_seqs)
+    llm = LLM(model, max_num_seqs=max_num_seqs, dtype=None if dtype == "auto" else getattr(torch, dtype))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:2], params)  # warm-up
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"requests": len(prompts), "tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds}
+    return {
+        "requests": len(prompts), "tokens": tokens, "seconds": seconds, "cpu_seconds": cpu,
+        "tok_per_s": tokens / seconds, "tok_per_cpu_s": tokens / cpu,
+    }  # fmt: skip
 
 
-def start_server(model: str, max_num_seqs: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, dtype: str, max_num_seqs: int, log: Path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "mlaq", "serve", model, "--port", "0", "--max-num-seqs", str(max_num_seqs)]
-    cmd += ["--uvicorn-log-level", "warning"]
+    cmd += ["--dtype", dtype]
+    cmd += ["--uvicorn-log-level", "info"]  # its start-up line (the port) is logged at info
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -149,6 +164,7 @@ def start_server(model: str, max_num_seqs: int, log: Path) -> tuple[subprocess.P
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint (default: the bundled model)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--requests", type=int, default=2, help="requests per client per round")
     ap.add_argument("--rounds", type=int, default=3)
@@ -165,15 +181,18 @@ def main() -> int:
     from mlaq.validate.config import bundled_model_dir
 
     model = args.model or str(bundled_model_dir())
-    text = (Path(model) / "heldout.txt").read_text(encoding="utf-8") if not args.model else "the " * 5000
+    heldout = Path(model) / "heldout.txt"
+    text = heldout.read_text(encoding="utf-8") if heldout.is_file() else "the " * 5000
     prompts = prompts_from(text, args.clients * args.requests, args.prompt_chars)
 
-    off = offline(model, prompts, args.max_tokens, args.max_num_seqs)
+    load_before = os.getloadavg()
+    off = offline(model, args.dtype, prompts, args.max_tokens, args.max_num_seqs)
     print(
-        f"offline mlaq.LLM: {off['tokens']} tokens in {off['seconds']:.1f} s = {off['tok_per_s']:.1f} tok/s"
+        f"offline mlaq.LLM: {off['tokens']} tokens in {off['seconds']:.1f} s = {off['tok_per_s']:.1f} tok/s "
+        f"({off['cpu_seconds']:.1f} CPU s)"
     )
     log = Path(args.out or "/tmp/serve_load").with_suffix(".server.log")
-    proc, url = start_server(model, args.max_num_seqs, log)
+    proc, url = start_server(model, args.dtype, args.max_num_seqs, log)
     began, rounds, failures = time.perf_counter(), [], []
     try:
         asyncio.run(round_(url, prompts[:4], 4, 1, 4))  # warm-up, not counted
@@ -181,10 +200,11 @@ def main() -> int:
             if time.perf_counter() - began > args.time_limit:
                 failures.append(f"time limit reached after {k} rounds")
                 break
-            before = gen_tokens(url)
+            before, cpu = gen_tokens(url), cpu_seconds(proc.pid)
             start = time.perf_counter()
             results = asyncio.run(round_(url, prompts, args.clients, args.requests, args.max_tokens))
             seconds = time.perf_counter() - start
+            cpu = cpu_seconds(proc.pid) - cpu
             moved = gen_tokens(url) - before
             ok = [r for r in results if "error" not in r]
             errors = [r["error"] for r in results if "error" in r]
@@ -200,12 +220,16 @@ def main() -> int:
                     r["tokens"] == args.max_tokens and r["finish"] == "length" for r in ok
                 ),
                 "seconds": seconds,
+                "server_cpu_seconds": cpu,
                 "tok_per_s": tokens / seconds,
+                "tok_per_cpu_s": tokens / cpu if cpu else float("nan"),
                 "ttft_p50": percentile([r["ttft"] for r in ok], 0.5),
                 "ttft_p99": percentile([r["ttft"] for r in ok], 0.99),
                 "itl_p50": percentile([x for r in ok for x in r["itl"]], 0.5),
                 "itl_p99": percentile([x for r in ok for x in r["itl"]], 0.99),
                 "rss_mb": rss_mb(proc.pid),
+                "peak_rss_mb": rss_mb(proc.pid, "VmHWM"),
+                "loadavg_1m": os.getloadavg()[0],
             }
             rounds.append(row)
             print(json.dumps({k2: round(v, 4) if isinstance(v, float) else v for k2, v in row.items()}))
@@ -227,11 +251,17 @@ def main() -> int:
             "rounds": rounds,
             "serve_tok_per_s_median": serve_tps,
             "serve_over_offline": serve_tps / off["tok_per_s"],
+            # per CPU second of the serving process: the same ratio, less sensitive to a shared machine
+            "serve_over_offline_cpu": statistics.median(r["tok_per_cpu_s"] for r in rounds)
+            / off["tok_per_cpu_s"],
             "failures": failures,
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
             "args": vars(args),
         }
         print(
-            f"serve {serve_tps:.1f} tok/s vs offline {off['tok_per_s']:.1f} tok/s: ratio {summary['serve_over_offline']:.3f}"
+            f"serve {serve_tps:.1f} tok/s vs offline {off['tok_per_s']:.1f} tok/s: ratio "
+            f"{summary['serve_over_offline']:.3f} (per CPU second: {summary['serve_over_offline_cpu']:.3f})"
         )
         if args.out:
             Path(args.out).write_text(json.dumps(summary, indent=2))

@@ -76,6 +76,31 @@ def test_greedy_completions_equal_llm_generate_token_for_token(client, llm):
     assert r2.choices[0].text == want[1].outputs[0].text
 
 
+def test_penalties_and_logit_bias_equal_llm_generate(client, llm):
+    kw = {"presence_penalty": 1.5, "frequency_penalty": 0.7, "logit_bias": {"5": 3.0, "9": -100.0}}
+    extra = {"return_tokens_as_token_ids": True, "ignore_eos": True, "repetition_penalty": 1.4}
+    r = client.completions.create(
+        model="tiny", prompt="the cat", max_tokens=12, temperature=0, logprobs=0, extra_body=extra, **kw
+    )
+    sp = SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, repetition_penalty=1.4,
+        presence_penalty=1.5, frequency_penalty=0.7, logit_bias={5: 3.0, 9: -100.0},
+    )  # fmt: skip
+    want = llm.generate(["the cat"], sp)[0].outputs[0].token_ids
+    plain = llm.generate(["the cat"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    got = ids_of(r.choices[0].logprobs.tokens)
+    assert got == list(want) and got != list(plain[0].outputs[0].token_ids) and 9 not in got
+    forced = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        temperature=0,
+        logit_bias={"7": 500},
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip  (500 is clamped to 100, as vLLM does: still forces token 7)
+    assert forced.choices[0].message.content == llm.tokenizer.decode([7] * 5)
+
+
 def test_stream_deltas_concatenate_to_the_reply_and_carry_usage(client):
     kw = {"model": "tiny", "prompt": "the cat sat", "max_tokens": 12, "temperature": 0, "stop": [" the"]}
     full = client.completions.create(**kw)
@@ -202,6 +227,21 @@ def test_metrics_counters_move_by_the_right_amounts(client, server):
     assert after["vllm:spec_decode_num_drafts_total"] == stats.num_drafts
     assert after["vllm:spec_decode_num_accepted_tokens_total"] == stats.num_accepted_tokens
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_the_engine_thread_trims_the_heap_once_when_it_goes_idle(client, server):
+    calls: list[tuple[int, int]] = []
+    engine = server.state.engine
+    real, engine._trim = engine._trim, lambda pad: calls.append((pad, engine.steps)) or 1
+    try:
+        client.completions.create(model="tiny", prompt="the cat", max_tokens=4, temperature=0)
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert calls == [(0, engine.steps)]  # once, after the last step; not again while idle
+    finally:
+        engine._trim = real
 
 
 def test_concurrent_requests_share_decode_steps(server):

@@ -128,6 +128,11 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= int(t) < vocab]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary (size {vocab})")
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise ValueError(
+                f"token_id(s) {bad[:5]} in logit_bias contain out-of-vocab token ids. Vocabulary size: {vocab}"
+            )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass stop_token_ids instead")
         seed = (

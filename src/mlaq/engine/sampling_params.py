@@ -10,7 +10,8 @@ prompt (for ``prompt_logprobs``) and generates nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 # vLLM treats a temperature below this as greedy (its _SAMPLING_EPS).
@@ -41,6 +42,10 @@ class SamplingParams:
     logprobs: int | None = None  # None = no logprobs; N = the chosen token's plus the top N; -1 = all
     prompt_logprobs: int | None = None  # per prompt token (after the first): its logprob plus the top N
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or output (vLLM's)
+    presence_penalty: float = 0.0  # in [-2, 2]: minus this from every token already in the OUTPUT
+    frequency_penalty: float = 0.0  # in [-2, 2]: minus this times the token's count in the OUTPUT
+    # token id -> bias added to its logit; a dict is accepted and kept as sorted (id, bias) pairs
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -52,6 +57,7 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         for name in ("logprobs", "prompt_logprobs"):
             if isinstance(getattr(self, name), bool):
                 object.__setattr__(self, name, 0 if getattr(self, name) else None)
@@ -83,10 +89,16 @@ class SamplingParams:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must be less than or equal to max_tokens ({self.max_tokens})."
             )
-        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+        if not _is_number(self.repetition_penalty) or not math.isfinite(self.repetition_penalty):
+            raise ValueError(f"repetition_penalty must be a finite number, got {self.repetition_penalty!r}.")
+        if self.repetition_penalty <= 0:
             raise ValueError(
                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty!r}."
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}.")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}.")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
@@ -107,8 +119,14 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """True when the logits need the request's history (repetition penalty or min_tokens)."""
-        return self.repetition_penalty != 1.0 or self.min_tokens > 0
+        """True when the logits are adjusted before sampling: a penalty, min_tokens or logit_bias."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.min_tokens > 0
+            or bool(self.logit_bias)
+        )
 
     @property
     def max_stop_len(self) -> int:
@@ -131,6 +149,37 @@ def _is_int(value: object) -> bool:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted (token id, bias) pairs. Keys may be ints or strings of ints (the JSON
+    form, as vLLM converts them); a key that is neither, a negative id or a non-finite bias is refused."""
+    if bias is None:
+        return ()
+    items = list(bias.items()) if isinstance(bias, Mapping) else list(bias)  # type: ignore[call-overload]
+    pairs: dict[int, float] = {}
+    bad_keys = []
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise ValueError(f"logit_bias must map token ids to biases, got {bias!r}.")
+        key, value = item
+        try:
+            token = key if _is_int(key) else int(key) if isinstance(key, str) else None
+        except ValueError:
+            token = None
+        if token is None:
+            bad_keys.append(key)
+            continue
+        if token < 0:
+            raise ValueError(f"logit_bias token ids must be non-negative, got {token}.")
+        if not _is_number(value) or not math.isfinite(value):
+            raise ValueError(f"logit_bias values must be finite numbers, got {value!r} for token {token}.")
+        pairs[token] = float(value)
+    if bad_keys:
+        raise ValueError(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad_keys!r}"
+        )
+    return tuple(sorted(pairs.items()))
 
 
 def as_params_list(params: SamplingParams | Sequence[SamplingParams], n: int) -> list[SamplingParams]:

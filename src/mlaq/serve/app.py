@@ -23,7 +23,7 @@ from mlaq.serve.errors import APIError, error_body, install_handlers
 from mlaq.serve.guard import Guard
 from mlaq.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from mlaq.serve.state import ServerState
-from mlaq.serve.streams import SSE_DONE, sse
+from mlaq.serve.streams import SSE_DONE, fold, sse, stream_chunk
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -46,8 +46,8 @@ def build_app(state: ServerState) -> FastAPI:
         state.engine.check_capacity(len(plan.params))
         include = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
-            return _stream(completions.chunks(plan, state), lambda c: completions.stream_chunk(c, include))
-        return await _folded(raw, completions.chunks(plan, state), completions.fold)
+            return _stream(completions.chunks(plan, state), lambda c: stream_chunk(c, include))
+        return await _folded(raw, completions.chunks(plan, state), "text_completion")
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
@@ -55,8 +55,8 @@ def build_app(state: ServerState) -> FastAPI:
         state.engine.check_capacity(len(plan.params))
         include = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
-            return _stream(chat.chunks(plan, state), lambda c: completions.stream_chunk(c, include))
-        return await _folded(raw, chat.chunks(plan, state), chat.fold)
+            return _stream(chat.chunks(plan, state), lambda c: stream_chunk(c, include))
+        return await _folded(raw, chat.chunks(plan, state), "chat.completion")
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
@@ -151,7 +151,7 @@ def _stream(
 async def _folded(
     raw: Request,
     chunks: AsyncIterator[dict[str, Any]],
-    fold: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    obj: str,
 ) -> Response:
     async def collect() -> list[dict[str, Any]]:
         try:
@@ -168,7 +168,7 @@ async def _folded(
         return Response(status_code=499)
     gone.cancel()
     try:
-        return JSONResponse(fold(work.result()))
+        return JSONResponse(fold(work.result(), obj))
     except EngineStopped as exc:
         raise APIError(503, str(exc)) from None
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from mlaq.engine.engine import LLMEngine
@@ -58,6 +60,7 @@ class AsyncEngine:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mlaq-engine", daemon=True)
         self.steps = 0
+        self._trim = heap_trimmer()
 
     def start(self) -> None:
         self._thread.start()
@@ -118,13 +121,18 @@ class AsyncEngine:
 
     # -- the engine thread ----------------------------------------------------------------------
     def _run(self) -> None:
+        trimmed_at = 0
         try:
             while True:
                 with self._cond:
-                    while not (
-                        self._inbox or self._aborts or self._stopping or self.engine.has_unfinished_requests
-                    ):
+                    trim = self._trim is not None and trimmed_at != self.steps and not self._has_work()
+                    while not trim and not self._has_work():
                         self._cond.wait()
+                if trim:  # idle after work: hand the freed heap pages back (heap_trimmer), unlocked
+                    trimmed_at = self.steps
+                    self._trim(0)
+                    continue
+                with self._cond:
                     if self._stopping:
                         break
                     inbox, self._inbox = self._inbox, []
@@ -139,6 +147,9 @@ class AsyncEngine:
             LOG.exception("the engine loop failed")
             self._error = exc
         self._fail_all(EngineStopped("the server stopped before this request finished"))
+
+    def _has_work(self) -> bool:
+        return bool(self._inbox or self._aborts or self._stopping or self.engine.has_unfinished_requests)
 
     def _admit(self, inbox: list[_Stream]) -> None:
         for s in inbox:
@@ -216,6 +227,20 @@ class AsyncEngine:
         for s in pending:
             s.finished = True
         self._deliver([(s, exc) for s in pending])
+
+
+def heap_trimmer() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None on another libc). Each step frees tensors of shapes that
+    change with the batch and its context lengths; glibc keeps the freed pages of its arenas (and,
+    once a large block was freed, serves even large tensors from them), so a serving process's RSS
+    creeps up over many steps. Trimming when the engine goes idle returns those pages to the OS."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name).malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
 
 
 def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:

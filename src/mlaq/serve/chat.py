@@ -12,7 +12,7 @@ from typing import Any
 from mlaq.engine.sampling_params import SamplingParams
 from mlaq.serve.errors import bad_request
 from mlaq.serve.logprobs import chat_logprobs
-from mlaq.serve.params import check_logprobs, sampling_params, unsupported
+from mlaq.serve.params import check_logprobs, logit_bias, sampling_params, unsupported
 from mlaq.serve.protocol import ChatCompletionRequest, ChatMessage
 from mlaq.serve.state import ServerState, request_id
 from mlaq.serve.streams import merge, spec_decoding_metrics, usage
@@ -64,8 +64,9 @@ def plan(req: ChatCompletionRequest, state: ServerState) -> ChatPlan:
         raise bad_request("the chat template rendered an empty prompt.", "messages")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    bias = logit_bias(req, state.vocab_size)
     params = tuple(
-        sampling_params(req, len(ids), max_tokens, logprobs, state.config, seed_offset=j)
+        sampling_params(req, len(ids), max_tokens, logprobs, state.config, seed_offset=j, bias=bias)
         for j in range(req.n)
     )
     return ChatPlan(req, text, ids, params, request_id("chatcmpl"), state.created)
@@ -115,39 +116,3 @@ async def chunks(plan: ChatPlan, state: ServerState) -> AsyncIterator[dict[str, 
         if spec is not None:
             last["metrics"] = {"speculative_decoding": spec}
     yield last
-
-
-def fold(chunks_: list[dict[str, Any]]) -> dict[str, Any]:
-    choices: dict[int, dict[str, Any]] = {}
-    for chunk in chunks_:
-        for ch in chunk["choices"]:
-            acc = choices.setdefault(
-                ch["index"],
-                {
-                    "index": ch["index"],
-                    "message": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                    "stop_reason": None,
-                },
-            )
-            acc["message"]["content"] += ch["delta"].get("content") or ""
-            if ch["logprobs"] is not None:
-                old = acc["logprobs"]
-                acc["logprobs"] = (
-                    ch["logprobs"] if old is None else {"content": old["content"] + ch["logprobs"]["content"]}
-                )
-            if ch["finish_reason"] is not None:
-                acc["finish_reason"], acc["stop_reason"] = ch["finish_reason"], ch.get("stop_reason")
-    last = chunks_[-1]
-    reply = {
-        "id": last["id"],
-        "object": "chat.completion",
-        "created": last["created"],
-        "model": last["model"],
-        "choices": [choices[i] for i in sorted(choices)],
-        "usage": last["usage"],
-    }
-    if "metrics" in last:
-        reply["metrics"] = last["metrics"]
-    return reply

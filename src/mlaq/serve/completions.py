@@ -1,5 +1,5 @@
 """``POST /v1/completions``: one producer of stream chunks; the non-streaming reply is those chunks
-folded (``fold``), so both replies come from one code path.
+folded (``streams.fold``, shared with chat), so both replies come from one code path.
 
 Prompts: a string, a list of strings, a list of token ids, or a list of such lists; each gets ``n``
 choices (index = prompt * n + j; choice j > 0 of a seeded request uses seed + j). ``echo`` puts the
@@ -17,7 +17,7 @@ from typing import Any
 from mlaq.engine.sampling_params import SamplingParams
 from mlaq.serve.errors import bad_request
 from mlaq.serve.logprobs import completion_logprobs, prompt_logprobs
-from mlaq.serve.params import check_logprobs, sampling_params, unsupported
+from mlaq.serve.params import check_logprobs, logit_bias, sampling_params, unsupported
 from mlaq.serve.protocol import CompletionRequest
 from mlaq.serve.state import ServerState, request_id
 from mlaq.serve.streams import merge, spec_decoding_metrics, usage
@@ -68,11 +68,12 @@ def plan(req: CompletionRequest, state: ServerState) -> CompletionPlan:
             "prompt_logprobs is not available with stream; use echo with logprobs.", "prompt_logprobs"
         )
     prompts = _prompts(req, state)
+    bias = logit_bias(req, state.vocab_size)
     params = []
     for pr in prompts:
         for j in range(req.n):
             sp = sampling_params(
-                req, len(pr.token_ids), req.max_tokens, req.logprobs, state.config, seed_offset=j
+                req, len(pr.token_ids), req.max_tokens, req.logprobs, state.config, seed_offset=j, bias=bias
             )
             if req.echo and req.logprobs is not None and sp.prompt_logprobs is None:
                 sp = _with_prompt_logprobs(sp, req.logprobs)
@@ -149,54 +150,3 @@ async def chunks(plan: CompletionPlan, state: ServerState) -> AsyncIterator[dict
         if spec is not None:
             last["metrics"] = {"speculative_decoding": spec}
     yield last
-
-
-def fold(chunks_: list[dict[str, Any]]) -> dict[str, Any]:
-    """The non-streaming reply: every chunk of the stream added up."""
-    choices: dict[int, dict[str, Any]] = {}
-    for chunk in chunks_:
-        for ch in chunk["choices"]:
-            acc = choices.setdefault(
-                ch["index"],
-                {
-                    "index": ch["index"],
-                    "text": "",
-                    "logprobs": None,
-                    "finish_reason": None,
-                    "stop_reason": None,
-                },
-            )
-            acc["text"] += ch["text"]
-            if ch.get("logprobs") is not None:
-                lp = ch["logprobs"]
-                acc["logprobs"] = (
-                    lp if acc["logprobs"] is None else {k: acc["logprobs"][k] + lp[k] for k in lp}
-                )
-            if "prompt_logprobs" in ch:
-                acc["prompt_logprobs"] = ch["prompt_logprobs"]
-            if ch["finish_reason"] is not None:
-                acc["finish_reason"], acc["stop_reason"] = ch["finish_reason"], ch["stop_reason"]
-    last = chunks_[-1]
-    reply = {
-        "id": last["id"],
-        "object": "text_completion",
-        "created": last["created"],
-        "model": last["model"],
-        "choices": [choices[i] for i in sorted(choices)],
-        "usage": last["usage"],
-    }
-    if "metrics" in last:
-        reply["metrics"] = last["metrics"]
-    return reply
-
-
-def stream_chunk(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any] | None:
-    """What the SSE stream sends of a chunk: usage only when asked (stream_options.include_usage)."""
-    if chunk["choices"]:
-        body = {k: v for k, v in chunk.items() if k != "usage"}
-        return {**body, "usage": None} if include_usage else body  # usage only in the final chunk, when asked
-    if include_usage:
-        return chunk
-    if "metrics" in chunk:  # the per-request speculative metrics, without the usage nobody asked for
-        return {k: v for k, v in chunk.items() if k != "usage"}
-    return None

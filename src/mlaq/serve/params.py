@@ -1,8 +1,9 @@
 """Request fields -> ``SamplingParams``, with every check that needs the server's limits.
 
 Range checks are ``SamplingParams``' own (its messages begin with the field's name, which becomes
-the error's ``param``); the server adds what depends on it: max-model-len, --max-logprobs, n, and
-the OpenAI fields mlaq does not implement (a 400 naming them, rather than silently ignoring them).
+the error's ``param``); the server adds what depends on it: max-model-len, --max-logprobs, n,
+logit_bias's vocabulary and clamp, and the OpenAI fields mlaq does not implement (a 400 naming
+them, rather than silently ignoring them).
 """
 
 from __future__ import annotations
@@ -27,14 +28,6 @@ def check_logprobs(name: str, value: int | None, config: ServeConfig) -> None:
 
 
 def unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
-        if value not in (None, 0, 0.0):
-            raise bad_request(
-                f"{name} is not supported by mlaq serve (use repetition_penalty); got {value}.", name
-            )
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported by mlaq serve.", "logit_bias")
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}.", "n")
     if isinstance(req, CompletionRequest):
@@ -44,6 +37,31 @@ def unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
             raise bad_request(f"best_of must equal n ({req.n}) in mlaq serve, got {req.best_of}.", "best_of")
 
 
+def logit_bias(req: CompletionRequest | ChatCompletionRequest, vocab_size: int) -> dict[int, float] | None:
+    """The request's logit_bias as vLLM's server reads it: keys are token ids written as strings,
+    biases clamped to [-100, 100] (OpenAI's range); an id outside the vocabulary is a 400."""
+    if not req.logit_bias:
+        return None
+    bias, bad = {}, []
+    for key, value in req.logit_bias.items():
+        try:
+            bias[int(key)] = min(100.0, max(-100.0, value))
+        except ValueError:
+            bad.append(key)
+    if bad:
+        raise bad_request(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad!r}", "logit_bias"
+        )
+    outside = sorted(t for t in bias if not 0 <= t < vocab_size)
+    if outside:
+        raise bad_request(
+            f"logit_bias: token_id(s) {outside[:5]} contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab_size}",
+            "logit_bias",
+        )
+    return bias
+
+
 def sampling_params(
     req: CompletionRequest | ChatCompletionRequest,
     prompt_len: int,
@@ -51,6 +69,7 @@ def sampling_params(
     logprobs: int | None,
     config: ServeConfig,
     seed_offset: int = 0,
+    bias: dict[int, float] | None = None,
 ) -> SamplingParams:
     """The params of one choice of one prompt of ``prompt_len`` tokens."""
     room = config.max_model_len - prompt_len
@@ -85,6 +104,9 @@ def sampling_params(
             logprobs=logprobs,
             prompt_logprobs=req.prompt_logprobs,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            presence_penalty=0.0 if req.presence_penalty is None else req.presence_penalty,
+            frequency_penalty=0.0 if req.frequency_penalty is None else req.frequency_penalty,
+            logit_bias=bias,
             skip_special_tokens=req.skip_special_tokens,
         )
     except ValueError as exc:

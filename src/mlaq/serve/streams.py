@@ -1,5 +1,5 @@
-"""Pieces shared by completions and chat: merging the choices' streams, SSE framing, usage, and
-vLLM's per-request speculative-decoding metrics."""
+"""Pieces shared by completions and chat: merging the choices' streams, folding a stream into the
+non-streaming reply, SSE framing, usage, and vLLM's per-request speculative-decoding metrics."""
 
 from __future__ import annotations
 
@@ -45,6 +45,49 @@ async def merge(streams: Sequence[AsyncIterator[RequestOutput]]) -> AsyncIterato
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def fold(chunks: list[dict[str, Any]], obj: str) -> dict[str, Any]:
+    """The non-streaming reply (``object`` = ``obj``): every chunk of the stream added up, choice by
+    choice. Chat's ``delta`` becomes its ``message``; the last chunk brings usage (and metrics)."""
+    choices: dict[int, Any] = {}
+    for chunk in chunks:
+        for ch in chunk["choices"]:
+            choices[ch["index"]] = _add(choices.get(ch["index"]), ch)
+    last = chunks[-1]
+    folded = [{("message" if k == "delta" else k): v for k, v in choices[i].items()} for i in sorted(choices)]
+    reply = {"id": last["id"], "object": obj, "created": last["created"], "model": last["model"]}
+    reply |= {"choices": folded, "usage": last["usage"]}
+    if "metrics" in last:
+        reply["metrics"] = last["metrics"]
+    return reply
+
+
+def _add(acc: Any, more: Any) -> Any:
+    """One chunk's choice added to what came before: text and lists (tokens, logprobs, offsets)
+    concatenate, objects merge field by field, a null never erases a value, any other value (index,
+    finish_reason, stop_reason: sent once) is taken as it comes."""
+    if acc is None:
+        return more
+    if more is None:
+        return acc
+    if (isinstance(acc, str) and isinstance(more, str)) or (isinstance(acc, list) and isinstance(more, list)):
+        return acc + more
+    if isinstance(acc, dict) and isinstance(more, dict):
+        return {k: _add(acc.get(k), more.get(k)) for k in {**acc, **more}}
+    return more
+
+
+def stream_chunk(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any] | None:
+    """What the SSE stream sends of a chunk: usage only when asked (stream_options.include_usage)."""
+    if chunk["choices"]:
+        body = {k: v for k, v in chunk.items() if k != "usage"}
+        return {**body, "usage": None} if include_usage else body  # usage only in the final chunk, when asked
+    if include_usage:
+        return chunk
+    if "metrics" in chunk:  # the per-request speculative metrics, without the usage nobody asked for
+        return {k: v for k, v in chunk.items() if k != "usage"}
+    return None
 
 
 def sse(payload: dict[str, Any]) -> bytes:
