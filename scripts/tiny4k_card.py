@@ -73,26 +73,48 @@ def phase_rows(meta: dict, c: dict, peak: float) -> list[str]:
     return rows
 
 
+def runs(meta: dict) -> list[dict]:
+    """The chain of runs, first to last: each --init-from run records its predecessor under init_from (and
+    that one's under prior)."""
+    chain, m = [meta], meta.get("init_from")
+    while m:
+        chain.append(m)
+        m = m.get("prior") or m.get("init_from")
+    return chain[::-1]
+
+
+RUN_NOTES = (  # what each run of the shipped model did differently (see its training.json for the rest)
+    "from scratch; one core of an AMD EPYC (Zen 4, AVX512_BF16) under SCHED_RR, bf16 autocast; lr 1.5e-3 after "
+    "100 warm-up steps, decayed to 10 % over the last 400 K tokens; 65 % of windows carry a task",
+    "from run 1's end state (AdamW moments included); one core of an AMD EPYC (Zen 3, AVX2: fp32 matmuls, bf16 "
+    "is ~100x slower there) under SCHED_RR; lr 1e-3 after 40 warm-up steps; 80 % of windows carry a task and the "
+    "loss weighs tokens only the context can give (queried values, repeated segments) 4x, answers tokenized as "
+    "the task suite splits them (` 48213`); stopped in its 4,096 phase (retrieval had not formed at 1.1 M tokens; "
+    "a 1,024-token window carries 4x the tasks per token)",
+    "from run 2's last state; same machine and loss; 1,024-token windows only, lr 1e-3 decayed to 10 % over the "
+    "last 500 K tokens",
+)
+
+
 def training_lines(meta: dict, cpu: str, peak: float, c: dict) -> list[str]:
-    """Both runs: run 1 (from scratch, bf16 autocast on Zen 4) and this run (--init-from run 1's end)."""
-    prior = meta.get("init_from") or {}
-    total = meta["tokens"] + prior.get("tokens", 0)
-    secs = meta["train_seconds"] + prior.get("train_seconds", 0.0)
+    chain = runs(meta)
+    total = sum(r["tokens"] for r in chain)
+    secs = sum(r["train_seconds"] for r in chain)
     lines = [
-        f"{total:,} tokens in all, {secs / 3600:.2f} CPU-hours (one core each), in two runs:",
+        f"{total:,} tokens in all, {secs / 3600:.2f} CPU-hours (one core at a time), in {len(chain)} runs:",
         "",
-        f"1. from scratch: curriculum `{prior.get('phases', '?')}` (sequence x batch: tokens), "
-        f"{prior.get('tokens', 0):,} tokens, {prior.get('train_seconds', 0) / 60:.0f} min on one core of an AMD EPYC",
-        "   (Zen 4, AVX512_BF16) under SCHED_RR, bf16 autocast; lr 1.5e-3, decayed to 10 % over the last 400 K tokens.",
-        f"2. from run 1's end state: curriculum `{meta['phases']}`, {meta['tokens']:,} tokens in {meta['step']:,} "
-        f"steps, {meta['train_seconds'] / 60:.0f} min on one core of {cpu} under SCHED_RR, matmuls in "
-        f"{meta.get('autocast', 'bf16')}; lr 1e-3 after 40 warm-up steps, linear decay to 10 % over the last 800 K",
-        "   tokens; 80 % of windows carry a task; the loss weighs tokens only the context can give (queried",
-        "   values, repeated segments) 4x; answers are tokenized as the task suite splits them (` 48213`).",
+    ]
+    for i, r in enumerate(chain):
+        note = RUN_NOTES[i] if i < len(RUN_NOTES) else ""
+        lines.append(
+            f"{i + 1}. `{r.get('phases', '?')}` (sequence x batch: tokens): {r['tokens']:,} tokens, "
+            f"{r['train_seconds'] / 60:.0f} min; {note}."
+        )
+    lines += [
         "",
-        "Both: AdamW (0.9, 0.95), MTP loss weight 0.3, DeepSeek-V3's auxiliary-loss-free routing bias plus a",
+        "All runs: AdamW (0.9, 0.95), MTP loss weight 0.3, DeepSeek-V3's auxiliary-loss-free routing bias plus a",
         "sequence-wise balance loss (0.01), fp32 master weights, torch.compile, one thread.",
-        f"Run 2's throughput and MFU against {peak:.0f} GFLOP/s (1024^3 matmul in run 2's dtype, one thread):",
+        f"The last run's throughput on {cpu}, MFU against {peak:.0f} GFLOP/s (1024^3 matmul in its dtype, one thread):",
         "",
         "| sequence | tokens/s | MFLOP/token | MFU |",
         "|---|---|---|---|",
@@ -191,12 +213,15 @@ def main() -> None:
         "git checkout 5c12ec3 -- scripts/state   # run 1's end state (bf16 weights + AdamW moments)",
         "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v1   # run 1 (resumable)",
         "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v2 --init-from scripts/state/mlaq-tiny-4k.safetensors \\",
-        f"    --phases {meta['phases']} --lr 1e-3 --warmup 40 --decay-tokens 800000   # run 2",
+        "    --phases 1024x4:400000,2048x2:700000,4096x1:800000 --lr 1e-3 --warmup 40 --decay-tokens 800000",
+        "    # run 2 was stopped after 1,224,704 tokens (its last 5-minute state); run 3 starts from that state",
+        "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v3 --init-from ~/.cache/mlaq-train/tiny4k-v2/state.safetensors \\",
+        f"    --phases {meta['phases']} --lr 1e-3 --warmup 10 --decay-tokens 500000 --seed 7   # run 3",
         "```",
         "Both runs are resumable (state every 5 minutes under ~/.cache/mlaq-train/RUN). To continue from the",
         "shipped weights on a fresh machine: `--init-from src/mlaq/assets/mlaq-tiny-4k` (weights; AdamW moments",
-        "start fresh). scripts/state holds run 1's end state; run 2's (87 MB) is not committed: the repository's",
-        "submissions are size-limited and one copy of the weights ships here already.",
+        "start fresh). scripts/state holds run 1's end state; later states (87 MB each) are not committed: the",
+        "repository's submissions are size-limited and one copy of the weights ships here already.",
         "",
         "## Held-out figures (bf16, mlaq's engine)",
         "",
