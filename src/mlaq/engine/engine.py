@@ -265,9 +265,11 @@ class LLMEngine:
             self._emit(r, emitted.tolist(), rows[: n + 1])
 
     def _propose(self, reqs: list[Request]) -> list[list[int]]:
-        """k greedy MTP drafts per request (fewer near max_model_len)."""
+        """k greedy MTP drafts per request; fewer near max_model_len and near max_tokens, as vLLM's
+        scheduler caps a step at prompt + max_tokens - 1 computed tokens: a step then emits at most the
+        tokens the request may still emit, so accepted drafts never exceed emitted tokens."""
         drafts: list[list[int]] = [[] for _ in reqs]
-        ks = [min(self.k, self.config.max_model_len - r.seq.num_tokens) for r in reqs]
+        ks = [min(self.k, self.config.max_model_len - r.seq.num_tokens, _room(r.seq) - 1) for r in reqs]
         active = [i for i, k in enumerate(ks) if k > 0 and reqs[i].pending_hidden is not None]
         if not active:
             return drafts
@@ -361,3 +363,9 @@ def _logprob_entries(rows: Tensor, tokens: Sequence[int], top_n: int | None) -> 
             for t, v in zip(ids, values, strict=True):
                 entry.setdefault(t, v)
     return entries
+
+
+def _room(seq: Seq) -> int:
+    """Output tokens ``seq`` may still emit under max_tokens (a large number without a limit)."""
+    limit = seq.params.max_tokens
+    return 1 << 30 if limit is None else limit - len(seq.output_token_ids)
