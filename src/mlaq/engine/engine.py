@@ -49,6 +49,9 @@ class EngineConfig:
     kv_cache_scale: float = 1.0  # per-tensor fp8 scale (vLLM's default)
     speculative_config: SpeculativeConfig | None = None  # or its dict / JSON text
     seed: int = 0  # seeds the generators of requests without their own seed
+    max_position_embeddings: int | None = (
+        None  # the model's context, for advice on a prompt that does not fit
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_dtype", KVCacheDtype.parse(self.kv_cache_dtype))
@@ -136,6 +139,8 @@ class LLMEngine:
         seq = Seq(
             self._next_id, [int(t) for t in prompt_token_ids], params, torch.Generator().manual_seed(seed)
         )
+        if len(seq.prompt_token_ids) > self.config.max_model_len:
+            raise ValueError(_too_long(len(seq.prompt_token_ids), self.config))
         self.scheduler.add(seq)
         detok = (
             IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, params) if self.tokenizer else None
@@ -369,3 +374,14 @@ def _room(seq: Seq) -> int:
     """Output tokens ``seq`` may still emit under max_tokens (a large number without a limit)."""
     limit = seq.params.max_tokens
     return 1 << 30 if limit is None else limit - len(seq.output_token_ids)
+
+
+def _too_long(n: int, config: EngineConfig) -> str:
+    """What can make a prompt of ``n`` tokens fit: a larger max_model_len only up to the model's context."""
+    m, limit = config.max_model_len, config.max_position_embeddings
+    head = f"prompt of {n} tokens does not fit max_model_len={m}"
+    if limit is None:
+        return f"{head}; shorten it or raise max_model_len"
+    if n <= limit:
+        return f"{head}; raise --max-model-len to at least {n} (the model takes up to {limit}) or shorten it"
+    return f"{head}; the model's context is {limit} tokens (max_position_embeddings): shorten the prompt"
