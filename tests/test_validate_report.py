@@ -50,6 +50,10 @@ def test_write_report_files(report, tmp_path) -> None:
             "error_vs_position.png",
             "acceptance_per_position.png",
             "per_layer_error.png",
+            "task_accuracy.png",
+            "task_logprob_delta.png",
+            "needle_depth_length.png",
+            "flip_rate_vs_keys.png",
         ]
     )
     for p in paths:
@@ -208,3 +212,14 @@ def test_hand_report_tables_have_the_figures() -> None:
     assert plain[0].rstrip().endswith("needle @1024  copy @1024")
     assert plain[2].split()[-4:] == ["100", "%", "100", "%"]  # bf16: needle, copy at 1024
     assert plain[3].split()[-4:] == ["50", "%", "100", "%"]  # mxfp4
+
+
+def test_task_plots_from_the_hand_report(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from mlaq.validate.plots import write_plots
+
+    names = write_plots(_hand_report(), tmp_path)
+    new = ["task_accuracy.png", "task_logprob_delta.png", "needle_depth_length.png", "flip_rate_vs_keys.png"]
+    assert names[-4:] == new
+    for name in new:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -13,6 +13,10 @@ PLOTS = {
     "error_vs_position.png": "Error vs context position (per-layer attention error, KL, ΔNLL)",
     "acceptance_per_position.png": "MTP per-position acceptance rate",
     "per_layer_error.png": "Attention error by layer",
+    "task_accuracy.png": "Task accuracy vs length, Wilson 95 % bands",
+    "task_logprob_delta.png": "Answer log-prob difference vs bf16 by length, bootstrap 95 % bands",
+    "needle_depth_length.png": "Needle accuracy by depth x length",
+    "flip_rate_vs_keys.png": "Attention top-key flip rate vs competing keys, per layer",
 }
 
 
