@@ -84,7 +84,10 @@ def _logprob(rows: list, tasks: list[str], directory: Path, plt: Any, colour: di
 
 
 def _needle(rows: list, directory: Path, plt: Any) -> str:
-    fig, axes = _grid(plt, len(rows), height=3.4)
+    fig, grid_axes = plt.subplots(
+        1, len(rows), figsize=(4.2 * len(rows) + 1.2, 3.6), squeeze=False, layout="constrained"
+    )
+    axes = list(grid_axes[0])
     for ax, (label, by_len) in zip(axes, rows, strict=True):
         lengths = sorted(by_len, key=int)
         depths = sorted({d for cells in by_len.values() for d in cells}, key=float)
@@ -93,6 +96,20 @@ def _needle(rows: list, directory: Path, plt: Any) -> str:
             for n in lengths
         ]
         im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="lower")
+        for i, n in enumerate(lengths):  # the value and sample count in each cell
+            for j, d in enumerate(depths):
+                c = by_len[n].get(d)
+                if c is not None:
+                    text = f"{100 * c['accuracy']:.0f}\n({c['n']})"
+                    ax.text(
+                        j,
+                        i,
+                        text,
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if c["accuracy"] < 0.6 else "black",
+                    )
         ax.set_xticks(range(len(depths)), depths)
         ax.set_yticks(range(len(lengths)), lengths)
         ax.set_xlabel("needle depth")
