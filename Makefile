@@ -15,8 +15,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'  # test pulls in the engine and report extras
 	touch $@
 
-# The main job: what re-quantizing MLA's absorbed BMMs costs, on the bundled mlaq-tiny (about 2 minutes
-# on 2 CPU cores); the report (report.md, report.json, PNG plots with matplotlib) goes to build/validate.
+# The main job: what re-quantizing MLA's absorbed BMMs costs, on the bundled mlaq-tiny-4k (DeepSeek-V3's
+# MLA geometry, 4K context; see the README for its time on 2 CPU cores); the report (report.md,
+# report.json, PNG plots with matplotlib) goes to build/validate.
 demo: venv
 	$(VENV)/bin/mlaq validate --out build/validate
 

@@ -1,6 +1,6 @@
 """Decode throughput: mlaq's engine (plain and MTP k = 1..3) vs transformers ``generate``, one run.
 
-    .venv/bin/python bench/decode.py                  # bundled mlaq-tiny if present, else a random tiny checkpoint
+    .venv/bin/python bench/decode.py                  # bundled mlaq-tiny-4k if present, else a random tiny checkpoint
     .venv/bin/python bench/decode.py --model DIR --batches 1 4 16 --new-tokens 64
     .venv/bin/python bench/decode.py --threads 1 --compile   # + mlaq with compile=True
     .venv/bin/python bench/decode.py --threads 1 --compile --dtype bfloat16 --batches 1
@@ -33,7 +33,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny"
+BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny-4k"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 from mlaq.engine.llm import LLM  # noqa: E402

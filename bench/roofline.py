@@ -1,6 +1,6 @@
 """Batch-1 decode roofline: weight bytes one token reads, single-thread read bandwidth, the floor.
 
-    .venv/bin/python bench/roofline.py                 # bundled mlaq-tiny, 1 thread
+    .venv/bin/python bench/roofline.py                 # bundled mlaq-tiny-4k, 1 thread
     .venv/bin/python bench/roofline.py --model DIR --threads 2
 
 At batch 1 every weight a token uses is read once per token and reused by nothing else, so a decode
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny"
+BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny-4k"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

@@ -64,7 +64,7 @@ def make_checkpoint(out: Path, seed: int, logit_scale: float) -> Path:
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    bundled = ROOT / "src/mlaq/assets/mlaq-tiny"
+    bundled = ROOT / "src/mlaq/assets/mlaq-tiny-4k"
     vocab = json.loads((bundled / "config.json").read_text())["vocab_size"]
     cfg = DeepseekV3Config(
         vocab_size=vocab,
@@ -194,7 +194,7 @@ def main() -> int:
         "--vllm-python",
         default=os.environ.get("MLAQ_VLLM_PYTHON") or str(Path.home() / ".cache/vllm-venv/bin/python"),
     )
-    p.add_argument("--eval-text", type=Path, default=ROOT / "src/mlaq/assets/mlaq-tiny/heldout.txt")
+    p.add_argument("--eval-text", type=Path, default=ROOT / "src/mlaq/assets/mlaq-tiny-4k/heldout.txt")
     p.add_argument("--context-len", type=int, default=512)
     p.add_argument("--windows", type=int, default=2)
     p.add_argument("--prompts", type=int, default=4)

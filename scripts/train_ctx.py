@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from ctx_data import KERNEL_DOCS, PY_DOCS, Mix, code_texts, heldout_prose, make_window, prose_texts
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tiny_data import SPECIAL, encode_stream, tokenizer_config, train_tokenizer
 from tiny_export import export
 from tiny_lean import LeanTiny
@@ -58,10 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--decay-tokens", type=int, default=400000, help="last N tokens decay LR linearly to 10 %%"
     )
     p.add_argument("--mtp-weight", type=float, default=0.3)
-    p.add_argument("--answer-weight", type=float, default=4.0, help="loss weight of tokens only the context gives")
+    p.add_argument(
+        "--answer-weight", type=float, default=4.0, help="loss weight of tokens only the context gives"
+    )
     p.add_argument("--init-from", type=Path, default=None,
-                   help="a state file to start a NEW run from (weights + AdamW moments; step and LR schedule "
-                        "start again); its tokens are carried into the totals")  # fmt: skip
+                   help="a state file (weights + AdamW moments) or an exported model directory (weights "
+                        "only) to start a NEW run from (step and LR schedule start again); its tokens are "
+                        "carried into the totals")  # fmt: skip
     p.add_argument("--bias-speed", type=float, default=1e-2)
     p.add_argument("--balance-alpha", type=float, default=0.01)
     p.add_argument("--prose-mb", type=float, default=30.0, help="MB of kernel docs to train on")
@@ -74,8 +77,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=0.0, help="stop (after saving) after this long")
     p.add_argument("--export-only", action="store_true")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--autocast", choices=("auto", "bf16", "off"), default="auto",
+                   help="bf16 autocast for matmuls; auto: only where the CPU has native bf16 (AVX512_BF16 or "
+                        "AMX): on an AVX2-only CPU, oneDNN's bf16 matmul runs ~100x slower than fp32")  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="tiny model, tiny corpus: for the CI test")
     return p.parse_args(argv)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512_BF16 or AMX-BF16), read from /proc/cpuinfo."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def phases(spec: str) -> list[tuple[int, int, int]]:
@@ -157,6 +172,14 @@ def load_state(path: Path, model: LeanTiny, opt: torch.optim.AdamW) -> dict:
     return meta
 
 
+def load_model_dir(path: Path, model: LeanTiny) -> dict:
+    """Weights of an exported model directory (model.safetensors, training.json): a new run from them starts
+    with fresh AdamW moments (the warmup re-estimates them)."""
+    tensors = load_file(str(path / "model.safetensors"))
+    model.load_checkpoint_tensors({k: v.float() for k, v in tensors.items()})
+    return json.loads((path / "training.json").read_text())
+
+
 def lr_at(step: int, tokens: int, total: int, a: argparse.Namespace) -> float:
     lr = a.lr * min(1.0, (step + 1) / a.warmup)
     if a.decay_tokens and tokens > total - a.decay_tokens:
@@ -199,7 +222,11 @@ def main(argv: list[str] | None = None) -> None:
             break
     else:
         if a.init_from is not None:
-            prior = load_state(a.init_from, model, opt)
+            prior = (
+                load_state(a.init_from, model, opt)
+                if a.init_from.is_file()
+                else load_model_dir(a.init_from, model)
+            )
             meta["init_from"] = {"file": a.init_from.name, "tokens": prior["tokens"], "step": prior["step"],
                                  "train_seconds": prior["train_seconds"], "phases": prior.get("phases"),
                                  "prior": prior.get("init_from")}  # fmt: skip
@@ -208,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
                 torch=torch.__version__, cpu=platform.processor() or platform.machine())  # fmt: skip
     if a.export_only:
         return do_export(model, cfg, tok, a, held_code, held_prose, meta)
+    bf16 = a.autocast == "bf16" or (a.autocast == "auto" and native_bf16())
+    meta["autocast"] = "bf16" if bf16 else "off (fp32)"
+    print(f"matmuls in {'bf16 autocast' if bf16 else 'fp32'}", flush=True)
     step_fn = model if a.no_compile else torch.compile(model)
     total = sum(n for _, _, n in plan)
     t0, last_save, last_export = time.time(), time.time(), time.time()
@@ -222,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
         lr = lr_at(meta["step"], meta["tokens"], total, a)
         for group in opt.param_groups:
             group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             _, _, main_ce, mtp_ce = step_fn(x, weights)
         bal = sum(moe.stats[1] for moe in model.moe_layers())
         loss = main_ce + a.mtp_weight * mtp_ce + bal

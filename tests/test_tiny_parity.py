@@ -1,4 +1,6 @@
-"""The bundled mlaq-tiny checkpoint: mlaq's logits equal transformers' (the oracle nobody here wrote)."""
+"""The default bundled checkpoint (mlaq-tiny-4k: DeepSeek-V3's real MLA geometry, kv_lora_rank 512, rope 64,
+and its RoPE / YaRN as config.json says): mlaq's logits equal transformers' (the oracle nobody here wrote).
+The older mlaq-tiny stays loadable by path."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import pytest
 import torch
 
 import mlaq
+from mlaq.bundled import bundled_model_dir
 from mlaq.model import ModelCache, load_model
 from mlaq.settings import Settings
 
-TINY = Path(mlaq.__file__).parent / "assets" / "mlaq-tiny"
+TINY = bundled_model_dir()
+OLD = Path(mlaq.__file__).parent / "assets" / "mlaq-tiny"
 FP32_BMM = '{"targets": {"re:.*kv_b_proj": "fp32"}}'  # exact absorbed arithmetic: parity, not bf16 rounding
 TOL = 1e-4
 
@@ -43,8 +47,9 @@ def test_bundled_model_matches_transformers(ids):
     assert _rel(torch.cat(steps, dim=1), ref) <= TOL  # absorbed MLA, token by token
 
 
-def test_bundled_model_loads_its_mtp_layer(ids):
-    model = load_model(TINY, settings=Settings())
+@pytest.mark.parametrize("path", [TINY, OLD], ids=["mlaq-tiny-4k", "mlaq-tiny"])
+def test_bundled_models_load_their_mtp_layer(path, ids):
+    model = load_model(path, settings=Settings())
     assert len(model.bmm_decisions) == model.config.num_hidden_layers + 1  # the MTP layer is an MLA layer too
     out = model.prefill(ids)
-    assert torch.isfinite(out.logits).all()
+    assert torch.isfinite(out.logits).all() and out.logits.shape[-1] == model.config.vocab_size

@@ -19,7 +19,7 @@ from conftest import SRC
 pytest.importorskip("tokenizers")
 sys.path.insert(0, str(SRC.parent / "scripts"))
 
-from ctx_data import Mix, copy_window, kv_window, make_window
+from ctx_data import Mix, copy_window, kv_window, make_window, split_query, vartrack_window
 from tiny_data import train_tokenizer
 
 
@@ -80,16 +80,16 @@ def test_task_windows_have_exact_length_and_are_deterministic(tok):
     streams = [np.arange(5000) % 300, (np.arange(5000) * 7) % 300]
     for n in (64, 256, 1024):
         for seed in range(20):
-            w1 = make_window(streams, n, tok, np.random.default_rng(seed), Mix())
-            w2 = make_window(streams, n, tok, np.random.default_rng(seed), Mix())
-            assert len(w1) == n + 1 and np.array_equal(w1, w2)
+            w1, m1 = make_window(streams, n, tok, np.random.default_rng(seed), Mix())
+            w2, m2 = make_window(streams, n, tok, np.random.default_rng(seed), Mix())
+            assert len(w1) == len(m1) == n + 1 and np.array_equal(w1, w2) and np.array_equal(m1, m2)
 
 
 def test_kv_window_queries_facts_stated_earlier(tok):
     hay = list(range(1000, 3000))  # ids above the vocabulary spell nothing: only the task's text decodes
     for seed in range(10):
-        w = kv_window(hay, 1024, tok, np.random.default_rng(seed))
-        assert len(w) == 1025
+        w, mask = kv_window(hay, 1024, tok, np.random.default_rng(seed))
+        assert len(w) == len(mask) == 1025
         text = tok.decode([i for i in w if i < 400])
         last = text.strip().splitlines()[-1]
         keys = re.findall(r"[a-z]+(?:_[a-z0-9]+)+", last)
@@ -99,7 +99,82 @@ def test_kv_window_queries_facts_stated_earlier(tok):
 def test_copy_window_repeats_a_segment(tok):
     hay = list(range(1000, 1600))  # no 24-token run repeats in the haystack itself
     for seed in range(10):
-        w = list(copy_window(hay, 512, tok, np.random.default_rng(seed)))
-        assert len(w) == 513
+        w, mask = copy_window(hay, 512, tok, np.random.default_rng(seed))
+        assert len(w) == len(mask) == 513 and sum(mask) >= 20  # the repeat is weighted
         runs = {tuple(w[i : i + 24]) for i in range(len(w) - 24)}
         assert len(runs) < len(w) - 24, f"seed {seed}: no repeated 24-token segment"
+
+
+def enc_of(tok):
+    return lambda s: tok.encode(s, add_special_tokens=False).ids
+
+
+def test_split_query_marks_the_value_with_its_space_as_the_task_suite_splits_it(tok):
+    """`assert k ==` + ` 48213`: the answer mask covers exactly the value's ids (with its leading space)."""
+    enc = enc_of(tok)
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        ids, mask = split_query("assert {k} == {v}", rng, enc, k="bo_ka", v="48213")
+        assert len(ids) == len(mask)
+        assert tok.decode(ids) == tok.decode(enc("assert bo_ka == 48213\n"))
+        answer = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+        assert answer.strip() == "48213", answer
+
+
+def test_answers_of_task_windows_are_stated_earlier_in_the_window(tok):
+    """Every masked (answer) span of a kv / vartrack window is a value whose text occurs before the queries."""
+    hay = list(range(1000, 3000))
+    for make in (kv_window, vartrack_window):
+        for seed in range(10):
+            w, mask = make(hay, 1024, tok, np.random.default_rng(seed))
+            if not any(mask):
+                continue  # fell back to plain text
+            first = mask.index(1)
+            before = tok.decode([i for i in w[:first] if i < 400])
+            runs, cur = [], []
+            for i, m in zip(w, mask, strict=True):
+                if m:
+                    cur.append(i)
+                elif cur:
+                    runs, cur = [*runs, cur], []
+            answers = [tok.decode(r).strip() for r in [*runs, cur] if r]
+            assert answers and all(a in before for a in answers), (answers, before[-200:])
+
+
+def test_weighted_loss_is_the_weighted_mean_of_token_losses():
+    from tiny_lean import LeanTiny
+    from tiny_model import TinyGeometry, build_config
+
+    geo = TinyGeometry(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                       intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=32)  # fmt: skip
+    torch.manual_seed(0)
+    model = LeanTiny(build_config(geo, bos_token_id=0, eos_token_id=1).to_dict()).eval()
+    x = torch.randint(0, 64, (2, 17))
+    logits, _, plain, _ = model(x)
+    _, _, ones, _ = model(x, torch.ones(2, 16))
+    w = torch.rand(2, 16)
+    _, _, weighted, _ = model(x, w)
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="none")
+    assert torch.allclose(ones, plain)
+    assert torch.allclose(weighted, (ce * w.flatten()).sum() / w.sum())
+    assert not torch.allclose(weighted, plain)
+
+
+def test_init_from_starts_a_new_run_and_carries_the_prior_tokens(tmp_path, dirs):
+    run(tmp_path / "a", dirs, "64x2:256")
+    state = tmp_path / "a" / "run" / "state.safetensors"
+    run(tmp_path / "b", dirs, "64x2:128", "--init-from", str(state))
+    meta = json.loads((tmp_path / "b" / "out" / "training.json").read_text())
+    assert meta["tokens"] == 128 and meta["init_from"]["tokens"] == 256
+
+
+def test_init_from_a_model_directory_takes_its_weights(tmp_path, dirs):
+    """A new run from an exported directory (weights only, no optimizer state) starts from those weights."""
+    run(tmp_path / "a", dirs, "64x2:256")
+    run(tmp_path / "b", dirs, "64x2:128", "--init-from", str(tmp_path / "a" / "out"), "--lr", "0")
+    a = load_file(tmp_path / "a" / "out" / "model.safetensors")
+    b = load_file(tmp_path / "b" / "out" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if "e_score" not in k)
+    meta = json.loads((tmp_path / "b" / "out" / "training.json").read_text())
+    assert meta["init_from"]["tokens"] == 256

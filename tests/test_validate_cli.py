@@ -99,29 +99,58 @@ def test_not_a_checkpoint(mlaq_cli, tmp_path) -> None:
 
 
 def test_bundled_model_missing_is_a_clear_error(monkeypatch, tmp_path) -> None:
-    from mlaq.validate import config
+    from mlaq import bundled
 
-    monkeypatch.setattr(config.resources, "files", lambda _pkg: tmp_path)
-    with pytest.raises(FileNotFoundError, match="pass a checkpoint directory as MODEL"):
-        config.bundled_model_dir()
+    monkeypatch.setattr(bundled.resources, "files", lambda _pkg: tmp_path)
+    with pytest.raises(
+        FileNotFoundError, match=r"mlaq-tiny-4k is not installed.*pass a checkpoint directory"
+    ):
+        bundled.bundled_model_dir()
+
+
+def _bundled_or_skip():
+    from mlaq.bundled import bundled_model_dir
+
+    try:
+        return bundled_model_dir()
+    except FileNotFoundError:
+        pytest.skip("the bundled mlaq-tiny-4k asset is not in this checkout")
 
 
 def test_bundled_model_smoke(mlaq_cli) -> None:
-    """With no MODEL the bundled mlaq-tiny and its held-out text are used (a small, fast run)."""
-    from mlaq.validate.config import bundled_model_dir
-
-    try:
-        asset = bundled_model_dir()
-    except FileNotFoundError:
-        pytest.skip("the bundled mlaq-tiny asset is not in this checkout")
+    """With no MODEL the bundled mlaq-tiny-4k and its held-out code are used (a small, fast run)."""
+    asset = _bundled_or_skip()
     args = ["--context-len", "256", "--windows", "1", "--prompts", "1", "--prompt-len", "64"]
-    args += ["--tasks", "needle", "--lengths", "512", "--task-samples", "1"]
+    args += ["--tasks", "needle", "--lengths", "512", "--task-samples", "1", "--flip-rows", "32"]
     res = mlaq_cli("validate", "--schemes", "mxfp4", *args, "--max-tokens", "8", "--json", "--no-progress")
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert report["model"]["path"] == str(asset) and report["eval_text"]["path"].endswith("heldout.txt")
-    assert report["model"]["num_mtp_layers"] == 1
+    m = report["model"]
+    assert m["num_mtp_layers"] == 1 and m["kv_lora_rank"] == 512 and m["max_position_embeddings"] >= 4096
     assert report["schemes"]["mxfp4"]["attn_rel_err"] > report["noise_floor"]["attn_rel_err"]
+
+
+def test_bundled_model_on_its_prose_heldout(mlaq_cli) -> None:
+    """--eval-text with the second held-out source shipped beside the default model (English prose)."""
+    prose = _bundled_or_skip() / "heldout-prose.txt"
+    args = [
+        "--context-len",
+        "128",
+        "--windows",
+        "1",
+        "--prompts",
+        "1",
+        "--prompt-len",
+        "32",
+        "--max-tokens",
+        "4",
+    ]
+    args += ["--tasks", "none", "--num-speculative-tokens", "0", "--flip-rows", "16", "--schemes", "mxfp4"]
+    res = mlaq_cli("validate", "--eval-text", str(prose), *args, "--json", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    e = json.loads(res.stdout)["eval_text"]
+    assert e["path"] == str(prose) and e["tokens"] > 50_000
 
 
 def test_as_configured_reads_the_settings_from_the_environment(mlaq_cli, checkpoint) -> None:

@@ -1,4 +1,6 @@
-"""``mlaq explain MODEL`` — which BMM scheme every MLA layer's kv_b_proj gets, and why.
+"""``mlaq explain [MODEL]`` — which BMM scheme every MLA layer's kv_b_proj gets, and why.
+
+MODEL defaults to the bundled mlaq-tiny-4k checkpoint.
 
 Reads only the checkpoint's config files (config.json, hf_quant_config.json) unless ``--check-weights``
 (then it also reads every kv_b_proj weight and reports NaN/inf). Prints a table folding consecutive
@@ -35,7 +37,10 @@ def add_platform_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", metavar="MODEL", help="checkpoint directory (config.json; weights not needed)"
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        help="checkpoint directory (config.json; weights not needed; default: the bundled mlaq-tiny-4k)",
     )
     parser.add_argument(
         "--quantization-config",
@@ -54,17 +59,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from mlaq.bundled import model_or_default
     from mlaq.model.kv_b_check import check_kv_b_weights, not_checked_note
     from mlaq.policy.explain import explain
     from mlaq.settings import Settings
 
     settings = Settings.from_env(platform=args.platform, engine=args.engine_defaults)
-    found = explain(args.model, settings, args.quantization_config)
-    weights = check_kv_b_weights(args.model, found.result) if args.check_weights else None
+    model = model_or_default(args.model)
+    found = explain(model, settings, args.quantization_config)
+    weights = check_kv_b_weights(model, found.result) if args.check_weights else None
     if args.json:
         out = found.to_json()
         out["weights_checked"] = None if weights is None else weights.to_json()
         print(json.dumps(out, indent=2))
     else:
-        print(found.text(args.model, not_checked_note() if weights is None else weights.text()))
+        print(found.text(model, not_checked_note() if weights is None else weights.text()))
     return 0 if weights is None or weights.ok else 1

@@ -1,5 +1,6 @@
-"""``mlaq generate MODEL --prompt ...`` — complete prompts with mlaq's engine; with
-``--speculative-config`` also print vLLM's ``SpecDecoding metrics`` line."""
+"""``mlaq generate [MODEL] --prompt ...`` — complete prompts with mlaq's engine; with
+``--speculative-config`` also print vLLM's ``SpecDecoding metrics`` line. MODEL defaults to the bundled
+mlaq-tiny-4k checkpoint."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def _token_ids(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", metavar="MODEL", help="checkpoint directory (config.json, safetensors, tokenizer.json)"
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        help="checkpoint directory (config.json, safetensors, tokenizer.json; default: the bundled mlaq-tiny-4k)",
     )
     parser.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     parser.add_argument(
@@ -65,13 +69,14 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from mlaq.bundled import model_or_default
     from mlaq.engine.llm import LLM
     from mlaq.engine.sampling_params import SamplingParams
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     warn_drafts_unusable("generate", _spec_k(args.speculative_config), "--max-tokens", args.max_tokens)
     llm = LLM(
-        args.model,
+        model_or_default(args.model),
         dtype=dtype,
         quantization_config=args.quantization_config,
         compile=args.compile,

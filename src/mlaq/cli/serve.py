@@ -1,6 +1,6 @@
 """``mlaq serve [MODEL]`` — an OpenAI-compatible server over mlaq's engine, with ``vllm serve``'s flags.
 
-MODEL defaults to the bundled checkpoint. Binds 127.0.0.1 unless ``--host`` says otherwise. Needs the
+MODEL defaults to the bundled mlaq-tiny-4k checkpoint. Binds 127.0.0.1 unless ``--host`` says otherwise. Needs the
 ``serve`` extra: ``pip install 'mlaq[serve]'``.
 """
 
@@ -11,7 +11,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", metavar="MODEL", nargs="?", help="checkpoint directory (default: the bundled model)"
+        "model", metavar="MODEL", nargs="?", help="checkpoint directory (default: the bundled mlaq-tiny-4k)"
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)"
@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from mlaq.serve.server import EngineArgs, build_state, model_dir, run_server
+    from mlaq.bundled import model_or_default
+    from mlaq.serve.server import EngineArgs, build_state, run_server
 
     level = getattr(logging, args.uvicorn_log_level.upper())
     logging.basicConfig(level=level, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             f"mlaq serve needs the serve extra ({exc.name} is missing): pip install 'mlaq[serve]'"
         ) from None
     engine_args = EngineArgs(
-        model=model_dir(args.model),
+        model=model_or_default(args.model),
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,

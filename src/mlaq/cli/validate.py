@@ -2,7 +2,9 @@
 
 Per scheme: per-layer attention error, teacher-forced KL / top-1 / ΔNLL by context position, greedy
 divergence and repetition, MTP speculative-decoding acceptance; the fp32 noise floor beside them.
-MODEL defaults to the bundled mlaq-tiny checkpoint and the evaluation text to its held-out file.
+MODEL defaults to the bundled mlaq-tiny-4k checkpoint (DeepSeek-V3's MLA geometry, 4096-token context) and
+the evaluation text to its held-out file (``heldout.txt``, Python source; ``heldout-prose.txt`` beside it is
+English prose, for ``--eval-text``).
 Heavy imports happen in ``run`` only.
 """
 
@@ -35,7 +37,7 @@ _ALL_TASKS = "needle,multikey,copy,vartrack"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", metavar="MODEL", nargs="?", help="checkpoint directory (default: the bundled mlaq-tiny)"
+        "model", metavar="MODEL", nargs="?", help="checkpoint directory (default: the bundled mlaq-tiny-4k)"
     )
     parser.add_argument(
         "--schemes",
@@ -68,7 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="decode_only",
         help="kv_b weights of prefill: checkpoint's (decode_only, as vLLM) or the scheme's (consistent)",
     )
-    parser.add_argument("--eval-text", metavar="PATH", help="evaluation text (default: MODEL/heldout.txt)")
+    parser.add_argument(
+        "--eval-text",
+        metavar="PATH",
+        help="evaluation text (default: MODEL/heldout.txt, or the bundled model's with --server; the bundled "
+        "mlaq-tiny-4k also ships heldout-prose.txt, English prose)",
+    )
     for flag, dest, default, help_text in _SIZES:
         parser.add_argument(flag, dest=dest, type=int, default=default, metavar="N", help=help_text)
     parser.add_argument(
@@ -137,10 +144,11 @@ def _schemes(values: list[str] | None, as_configured: bool) -> tuple[str, ...]:
 def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported lazily)
     from pathlib import Path
 
+    from mlaq.bundled import bundled_model_dir
     from mlaq.model.checkpoint import check_weight_files
     from mlaq.policy.local_dir import require_local_dir
     from mlaq.settings import Settings
-    from mlaq.validate.config import ValidateConfig, bundled_model_dir, default_eval_text
+    from mlaq.validate.config import ValidateConfig, default_eval_text
     from mlaq.validate.variants import precision_of
 
     model = require_local_dir(args.model) if args.model else bundled_model_dir()

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlaq.model.config import MoEConfig
+from mlaq.model.gemm import linear
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
 # Up to this many tokens, routed experts run token by token (k small matmuls each, no gather/scatter
@@ -44,8 +45,8 @@ class DenseMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # F.linear on the weights: the same matmuls without three nn.Module calls (decode is
         # dominated by per-call overhead at these sizes)
-        gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
-        return F.linear(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)
+        return linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -158,11 +158,3 @@ def _server_class() -> type:
             getattr(self, "_captured_signals", []).clear()
 
     return Server
-
-
-def model_dir(model: str | None) -> str:
-    if model:
-        return model
-    from mlaq.validate.config import bundled_model_dir
-
-    return str(bundled_model_dir())

@@ -1,4 +1,4 @@
-"""What ``mlaq validate`` runs: the settings of one validation, the variants it compares, the default model.
+"""What ``mlaq validate`` runs: the settings of one validation, the variants it compares, the default eval text.
 
 A *variant* is one way of running the same checkpoint: a compute dtype plus the BMM scheme every MLA
 layer's absorbed matmuls use (``scheme=None``: the policy's per-layer decisions, ``--as-configured``).
@@ -11,20 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from importlib import resources
 from pathlib import Path
 
 import torch
 
 from mlaq.bmm.registry import scheme_names
+from mlaq.bundled import EVAL_TEXT_NAME
+from mlaq.bundled import bundled_model_dir as bundled_model_dir  # re-exported (older callers import it here)
 from mlaq.model import Precision
 from mlaq.settings import Settings
 from mlaq.validate import defaults as d
 from mlaq.validate.defaults import DEFAULT_SCHEMES
 from mlaq.validate.tasks.spec import TaskConfig
-
-BUNDLED_MODEL = "mlaq-tiny"
-EVAL_TEXT_NAME = "heldout.txt"  # the held-out evaluation text shipped beside a bundled checkpoint
 
 
 class VariantKind(Enum):
@@ -47,17 +45,6 @@ class Variant:
 REFERENCE = Variant("bf16", VariantKind.REFERENCE, torch.bfloat16, "bf16")
 NOISE_FLOOR = Variant("fp32", VariantKind.NOISE_FLOOR, torch.float32, "fp32")
 AS_CONFIGURED = "as-configured"
-
-
-def bundled_model_dir() -> Path:
-    """The checkpoint shipped inside the package (``mlaq/assets/mlaq-tiny``); a clear error if absent."""
-    path = Path(str(resources.files("mlaq"))) / "assets" / BUNDLED_MODEL
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"the bundled model {BUNDLED_MODEL} is not installed at {path} (a checkout without the trained "
-            "asset?); pass a checkpoint directory as MODEL"
-        )
-    return path
 
 
 def default_eval_text(model: Path) -> Path:

@@ -117,7 +117,8 @@ def _inputs(
             )
         prompts = [list(p) for p in rec.prompts]
         return Inputs(windows, prompts, c["context_len"], c["max_tokens"], rec.header["eval_text"])
-    from mlaq.validate.config import bundled_model_dir, default_eval_text
+    from mlaq.bundled import bundled_model_dir
+    from mlaq.validate.config import default_eval_text
     from mlaq.validate.text import load_eval_text
 
     context = cfg.resolve_context(max_len)

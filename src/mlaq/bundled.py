@@ -1,0 +1,40 @@
+"""The checkpoints shipped inside the package (``mlaq/assets/NAME``) and which one every command defaults to.
+
+``DEFAULT_MODEL`` is what ``mlaq validate``, ``explain``, ``generate`` and ``serve`` run when no MODEL is
+given: mlaq-tiny-4k, a trained DeepSeek-V3 with DeepSeek-V3's real per-head MLA geometry (kv_lora_rank
+512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128), one MTP layer and a 4096-token context.
+The older mlaq-tiny (kv_lora_rank 128, rope 32, context 2048) stays shipped and loadable by path or by
+name (``bundled_model_dir("mlaq-tiny")``); it is no longer the default.
+
+No heavy imports here: the command-line parser and ``mlaq explain`` (config files only) read this.
+
+>>> bundled_model_dir().name
+'mlaq-tiny-4k'
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+DEFAULT_MODEL = "mlaq-tiny-4k"
+BUNDLED_MODELS = (DEFAULT_MODEL, "mlaq-tiny")  # every checkpoint under mlaq/assets, default first
+EVAL_TEXT_NAME = "heldout.txt"  # the held-out evaluation text shipped beside a bundled checkpoint
+
+
+def bundled_model_dir(name: str = DEFAULT_MODEL) -> Path:
+    """The directory of the bundled checkpoint ``name``; a clear error if unknown or not installed."""
+    if name not in BUNDLED_MODELS:
+        raise ValueError(f"no bundled model {name!r}; bundled: {', '.join(BUNDLED_MODELS)}")
+    path = Path(str(resources.files("mlaq"))) / "assets" / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the bundled model {name} is not installed at {path} (a checkout without the trained "
+            "asset?); pass a checkpoint directory as MODEL"
+        )
+    return path
+
+
+def model_or_default(model: str | None) -> str:
+    """``model`` as given, or the default bundled checkpoint's directory when it is None or empty."""
+    return model if model else str(bundled_model_dir())

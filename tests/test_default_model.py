@@ -1,0 +1,80 @@
+"""Every command that takes a MODEL defaults to the bundled mlaq-tiny-4k (explain, generate, validate and its
+--server eval text, serve); bench-bmm times fixed geometries and audit needs a CHECKPOINT, so they have none."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+import mlaq
+from mlaq.cli import build_parser, main
+
+DEFAULT = Path(mlaq.__file__).resolve().parent / "assets" / "mlaq-tiny-4k"
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+def test_explain_without_model_explains_the_bundled_4k_model(capsys, monkeypatch) -> None:
+    for name in ("MLAQ_FP8BMM", "MLAQ_FP4BMM"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["explain"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "mlaq-tiny-4k" in lines[0] and "model_type deepseek_v3" in lines[0]
+    assert lines[1].startswith("MLA layers:  5 (4 decoder + 1 MTP)")
+
+
+def test_generate_without_model_runs_the_bundled_4k_model(capsys) -> None:
+    """--max-model-len 4096 is refused by any model with a shorter context (mlaq-tiny: 2048)."""
+    rc = main(["generate", "--prompt", "import os\n", "--max-tokens", "2", "--max-model-len", "4096"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith("--- prompt 0 (") and "-> 2 tokens" in out
+
+
+def test_validate_defaults_to_the_4k_model_and_its_code_heldout() -> None:
+    from mlaq.cli.validate import config_from_args
+
+    cfg = config_from_args(_args("validate"))
+    assert cfg.model.resolve() == DEFAULT and cfg.eval_text.name == "heldout.txt"
+    prose = str(DEFAULT / "heldout-prose.txt")
+    assert config_from_args(_args("validate", "--eval-text", prose)).eval_text == Path(prose)
+
+
+def test_validate_server_default_eval_text_is_the_4k_models() -> None:
+    from mlaq.bundled import bundled_model_dir
+    from mlaq.validate.config import default_eval_text
+
+    # validate/server/measure.py: `cfg.eval_text or default_eval_text(bundled_model_dir())`
+    assert default_eval_text(bundled_model_dir()).resolve() == DEFAULT / "heldout.txt"
+
+
+def test_serve_without_model_serves_the_4k_model(monkeypatch) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("prometheus_client")
+    import mlaq.serve.server as server
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def fake_build_state(engine_args, *a, **kw):
+        seen["model"] = engine_args.model
+        raise Stop  # before any weight is read or a port is bound
+
+    monkeypatch.setattr(server, "build_state", fake_build_state)
+    from mlaq.cli import serve
+
+    with pytest.raises(Stop):
+        serve.run(_args("serve", "--port", "0"))
+    assert Path(seen["model"]).resolve() == DEFAULT
+
+
+def test_commands_without_a_model_default() -> None:
+    assert "model" not in vars(_args("bench-bmm"))
+    with pytest.raises(SystemExit):  # audit reads a CHECKPOINT the user names
+        _args("audit")
