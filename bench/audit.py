@@ -2,7 +2,8 @@
 
 For each checkpoint (built by bench/synthetic_checkpoint.py if absent: 163 sparse shards, index.json,
 61 + 1 MLA layers, only kv_b_proj holds data):
-- wall time and process CPU time of ``mlaq.audit.audit`` for two schemes;
+- wall time and process CPU time (user + sys, all threads) of ``mlaq.audit.audit`` for two schemes,
+  ``--workers`` layers at once (threads of this process: /proc/self/io counts them all);
 - bytes the reader counted, against kv_b_proj weights + scales + shard headers (goal: <= 1.05 x);
 - the process's own read counters (/proc/self/io ``rchar``: every byte a read syscall returned, page
   cache or not, holes included) around the audit, against the reader's count plus the small JSON files
@@ -38,6 +39,13 @@ def proc_io() -> dict[str, int]:
     return {k: int(v) for k, v in (line.split(": ") for line in lines if line)}
 
 
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def drop_cache(directory: Path) -> None:
     for file in directory.glob("*.safetensors"):
         fd = os.open(file, os.O_RDONLY)
@@ -53,9 +61,11 @@ def bench_one(directory: Path, schemes: tuple[str, ...], workers: int) -> dict:
     )
     drop_cache(directory)
     reader = RangeReader()
-    io0, cpu0, t0 = proc_io(), time.process_time(), time.perf_counter()
+    load0 = os.getloadavg()[0]
+    io0, ru0, t0 = proc_io(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     r = audit(directory, schemes, Settings(), reader=reader, workers=workers)
-    wall, cpu, io1 = time.perf_counter() - t0, time.process_time() - cpu0, proc_io()
+    wall, ru1, io1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF), proc_io()
+    user, sys_ = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     io = r["io"]
     needed = io["kv_b_weight_bytes"] + io["scale_bytes"] + io["header_bytes"]
     rchar = io1["rchar"] - io0["rchar"]
@@ -65,7 +75,10 @@ def bench_one(directory: Path, schemes: tuple[str, ...], workers: int) -> dict:
         "schemes": list(schemes),
         "workers": workers,
         "wall_s": round(wall, 1),
-        "cpu_s": round(cpu, 1),
+        "cpu_s": round(user + sys_, 1),  # user + sys of every thread of the process
+        "user_s": round(user, 1),
+        "sys_s": round(sys_, 1),
+        "load_before": round(load0, 1),
         "reader_bytes": reader.bytes_read,
         "kv_b_weight_bytes": io["kv_b_weight_bytes"],
         "scale_bytes": io["scale_bytes"],
@@ -91,8 +104,8 @@ def main() -> int:
     args = ap.parse_args()
     schemes = tuple(args.schemes.split(","))
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), 1-min load {os.getloadavg()[0]:.1f}",
+        f"machine: {cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+        f"(the audit runs each layer on 1 thread, {args.workers} at once), 1-min load {os.getloadavg()[0]:.1f}",
         file=sys.stderr,
     )
     results = []

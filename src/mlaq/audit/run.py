@@ -4,8 +4,9 @@ Per layer: the stored weight is decoded by the loader's own reader and dequantiz
 checkpoint with its scales, as an engine does before re-quantizing), split into W_UK (N, P, L) and
 W_UV^T (N, L, V), and each scheme's weights are built exactly as ``load_model`` builds them under
 ``--quantization-config '{"targets": {"re:.*kv_b_proj": SCHEME}}'`` (``mlaq.model.kv_b.prepare_absorbed``,
-so a scheme that runs the checkpoint's own data costs nothing). The result is one JSON-ready record;
-report.md, report.json, the PNG and the terminal table all read only that record.
+so a scheme that runs the checkpoint's own data costs nothing). The figures: ``mlaq.audit.measure``
+(in place, in per-worker buffers), bit for bit those ``mlaq.audit.stats`` states plainly. The result is
+one JSON-ready record; report.md, report.json, the PNG and the terminal table all read only that record.
 """
 
 from __future__ import annotations
@@ -14,23 +15,24 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import Queue
 from typing import Any
 
 import torch
 
 from mlaq.audit.layers import Geometry, audited_layers, check_readable, loader_quant
-from mlaq.audit.progress import NullProgress, Progress
+from mlaq.audit.measure import Workspace, exact_into, measure, scheme_figures
 from mlaq.audit.reader import RangeReader
 from mlaq.audit.source import RangeCheckpoint
-from mlaq.audit.stats import Reference, scheme_error, weight_stats
 from mlaq.bmm import get_scheme, scheme_names, split_kv_b_proj
 from mlaq.bmm.mx import MX_BLOCK
 from mlaq.bmm.theory import theory_for
 from mlaq.model.checkpoint import check_finite
-from mlaq.model.kv_b import prepare_absorbed
-from mlaq.model.weights import read_linear
+from mlaq.model.kv_b import check_stored, prepare_absorbed
+from mlaq.model.weights import WeightFormat, read_linear
 from mlaq.policy import PolicyResult, checkpoint_quant, decide, mla_model, parse_explicit, read_checkpoint_dir
 from mlaq.policy.explicit import load_explicit
+from mlaq.progress import NullProgress, Progress
 from mlaq.settings import Settings
 
 ALL_KV_B = r"re:.*self_attn\.kv_b_proj$"
@@ -53,8 +55,8 @@ def audit(
     workers: int = 1,
 ) -> dict[str, Any]:
     """Audit the checkpoint at ``path`` under ``schemes``; the policy column follows ``settings`` and
-    ``quantization_config`` (``--quantization-config`` text); ``workers`` layers run at once (threads).
-    Returns the report record."""
+    ``quantization_config`` (``--quantization-config`` text); ``workers`` layers run at once (threads,
+    one torch thread each; torch's thread count is restored afterwards). Returns the report record."""
     start = time.perf_counter()
     for s in schemes:
         get_scheme(s)  # an unknown name: one line listing the known ones
@@ -72,11 +74,19 @@ def audit(
     progress = progress or NullProgress()
     progress.begin(len(layers))
     records = []
-    # layers are independent and torch releases the GIL in its kernels: `workers` threads overlap them
-    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="mlaq-audit")
+    # Layers are independent and torch releases the GIL in its kernels: `workers` threads overlap them,
+    # each with its own scratch buffers. One intra-op thread each: no oversubscription, and figures
+    # (torch's full reductions depend on the thread count) that are the same on every machine.
+    workers = max(1, workers)
+    workspaces: Queue[Workspace] = Queue()
+    for _ in range(workers):
+        workspaces.put(Workspace())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="mlaq-audit")
     try:
         futures = [
-            pool.submit(_layer, ckpt, wquant, model, geo, i, policy, per_scheme, stored_names[i])
+            pool.submit(_layer, ckpt, wquant, model, geo, i, policy, per_scheme, stored_names[i], workspaces)
             for i in layers
         ]
         for i, future in zip(layers, futures, strict=True):
@@ -86,6 +96,8 @@ def audit(
         pool.shutdown(wait=True, cancel_futures=True)
         progress.end(ok=False)
         raise
+    finally:
+        torch.set_num_threads(threads)
     pool.shutdown()
     progress.end()
     return _record(path, model, geo, quant, settings, explicit, schemes, layers, note, records, ckpt, start)
@@ -101,15 +113,16 @@ def _layer(
     policy: PolicyResult,
     per_scheme: dict[str, PolicyResult],
     stored_name: str,
+    workspaces: Queue[Workspace],
 ) -> dict[str, Any]:
     module = model.kv_b_proj(i)
     n, p, v = geo.num_heads, geo.qk_nope_head_dim, geo.v_head_dim
     stored = read_linear(ckpt, wquant, module, geo.kv_b_shape)  # type: ignore[arg-type]
-    exact = stored.dequantize()  # [N*(P+V), L] fp32, the checkpoint's exact value
-    if not math.isfinite(float(exact.sum())):  # one pass; any NaN/inf makes the sum non-finite
-        check_finite(exact, ckpt.where(f"{module}.weight"))  # names the count
-    w_uk, w_uv = (t.contiguous() for t in split_kv_b_proj(exact, n, p, v))  # (N, P, L), (N, L, V)
-    del exact
+    decisions = {name: result.for_layer(i) for name, result in per_scheme.items()}
+    for decision in decisions.values():
+        check_stored(decision, stored)
+    # the loader's own weights where a scheme runs the checkpoint's data (W_UK, W_UV^T each)
+    own = {s: prepare_absorbed(d, stored, n, p, v) for s, d in decisions.items() if d.uses_checkpoint_data}
     current = policy.for_layer(i)
     out: dict[str, Any] = {
         "layer": i,
@@ -117,22 +130,30 @@ def _layer(
         "mtp": model.is_mtp(i),
         "stored": stored_name,
         "policy": {"scheme": current.scheme, "rule": current.rule.value, "reason": current.reason},
-        "w_uk": weight_stats(w_uk).to_json(),
-        "w_uv": weight_stats(w_uv).to_json(),
-        "schemes": {},
+        "w_uk": None,
+        "w_uv": None,
+        "schemes": {
+            s: {"uses_checkpoint_data": d.uses_checkpoint_data, "scheme_uk": d.scheme_uk}
+            for s, d in decisions.items()
+        },
     }
     mx_block = MX_BLOCK if any(name.startswith("mx") for name in per_scheme) else None
-    ref_uk, ref_uv = Reference.of(w_uk, mx_block), Reference.of(w_uv, mx_block)
-    for name, result in per_scheme.items():
-        decision = result.for_layer(i)
-        q_uk, q_uv = prepare_absorbed(decision, stored, n, p, v)
-        out["schemes"][name] = {
-            "uses_checkpoint_data": decision.uses_checkpoint_data,
-            "scheme_uk": decision.scheme_uk,
-            "w_uk": scheme_error(ref_uk, q_uk, decision.scheme_uk).to_json(),
-            "w_uv": scheme_error(ref_uv, q_uv, decision.scheme).to_json(),
-        }
-        del q_uk, q_uv
+    bf16_exact = stored.format is WeightFormat.DENSE and stored.codes.dtype == torch.bfloat16
+    ws = workspaces.get()
+    try:
+        exact = exact_into(stored, ws)  # [N*(P+V), L] fp32, the exact value
+        if not math.isfinite(float(exact.sum())):  # one pass; any NaN/inf makes the sum non-finite
+            check_finite(exact, ckpt.where(f"{module}.weight"))  # names the count
+        for h, (key, half) in enumerate(zip(("w_uk", "w_uv"), split_kv_b_proj(exact, n, p, v), strict=True)):
+            w = ws.get("w", tuple(half.shape)).copy_(half)  # (N, P, L) or (N, L, V), contiguous
+            ref = measure(w, ws, bf16_exact=bf16_exact, mx_block=mx_block)
+            out[key] = ref.stats.to_json()
+            for s, d in decisions.items():
+                scheme = get_scheme(d.scheme_uk if h == 0 else d.scheme)
+                prepared = own[s][h] if s in own else None
+                out["schemes"][s][key] = scheme_figures(ref, scheme, prepared).to_json()
+    finally:
+        workspaces.put(ws)
     return out
 
 

@@ -6,6 +6,10 @@ nonzero element flushes to zero or an element saturates at the element type's ma
 of amax (one scale over all heads serves the quiet heads badly), the excess kurtosis, and the BMM
 output error predicted for Gaussian activations (:mod:`mlaq.bmm.theory`, with this weight's measured
 error in place of the Gaussian weight term).
+
+This module states the figures plainly (the spec, and the path for a weight whose K is not a multiple
+of the MX block); the audit computes them with :mod:`mlaq.audit.measure`, pinned to these bit for bit
+by tests/test_audit_fast.py.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="layers audited at once (threads; ~0.5 GB each for DeepSeek-V3; default: min(2, CPUs))",
+        help="layers audited at once (threads of one torch thread each; ~0.3 GB each for DeepSeek-V3; default: min(2, CPUs))",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from mlaq.audit import audit, format_table, parse_error, report_json, suggest_config, write_report
-    from mlaq.audit.progress import make_progress
+    from mlaq.progress import make_progress
     from mlaq.settings import Settings
 
     schemes = tuple(s.strip() for s in args.schemes.split(",") if s.strip())
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         schemes,
         settings,
         args.quantization_config,
-        progress=make_progress(not args.no_progress and not args.json),
+        progress=make_progress("audit", not args.no_progress and not args.json),
         workers=workers,
     )
     if suggest:

@@ -72,6 +72,19 @@ def fp8_cast(x: Tensor, dtype: Fp8Dtype) -> Tensor:
     return x.clamp(-dtype.max, dtype.max).to(dtype.torch_dtype)
 
 
+def fp8_has_nan(codes: Tensor) -> bool:
+    """Whether FP8 ``codes`` hold a NaN, read from the bytes (a float conversion of a 16 M-element weight
+    costs ~0.1 s on a CPU): e4m3fn 0x7F / 0xFF, e4m3fnuz 0x80, e5m2 exponent 11111 with a mantissa."""
+    raw = codes.view(torch.uint8)
+    if codes.dtype == torch.float8_e4m3fnuz:
+        return bool((raw == 0x80).any())
+    if codes.dtype == torch.float8_e5m2:
+        return bool(((raw & 0x7F) > 0x7C).any())
+    if codes.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{codes.dtype} is not an FP8 dtype")
+    return bool(((raw & 0x7F) == 0x7F).any())
+
+
 @dataclass(frozen=True)
 class Fp8Tensor:
     """Blocked FP8: ``codes`` (x's shape, torch fp8) and one fp32 ``scale`` per block (a dequant multiplier)."""
@@ -113,7 +126,7 @@ class Fp8Tensor:
         Rejects non-finite weights (NaN codes, non-finite or negative scales) with a ValueError.
         """
         dtype = Fp8Dtype.from_torch(codes.dtype)
-        if torch.isnan(codes.float()).any():
+        if fp8_has_nan(codes):
             raise ValueError("FP8 checkpoint weight holds NaN codes; the checkpoint is corrupt")
         scale = scale_inv.float() if scale_inv.dtype in (torch.bfloat16, torch.float16) else scale_inv
         if scale.dtype != torch.float32:

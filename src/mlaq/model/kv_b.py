@@ -49,12 +49,7 @@ def prepare_absorbed(
 ) -> tuple[PreparedWeight, PreparedWeight]:
     """(W_UK as ``decision.scheme_uk``, W_UV^T as ``decision.scheme``) exactly as the loader prepares them
     from ``stored`` (N heads, P = qk_nope_head_dim, V = v_head_dim); ``mlaq audit`` measures these."""
-    # a quantized format the loader has no reader for (mxfp8, nvfp4, ...) can never match the file
-    if decision.stored.quantized and stored.format is not _STORED.get(decision.stored.name):
-        raise ValueError(
-            f"{stored.name}.weight: config.json says kv_b_proj is stored as {decision.stored.name}, but the "
-            f"safetensors file holds {stored.format.value}; the config and the weights disagree"
-        )
+    check_stored(decision, stored)
     scheme, scheme_uk = get_scheme(decision.scheme), get_scheme(decision.scheme_uk)
     if not decision.uses_checkpoint_data:
         w_uk_t, w_uv_t = split_kv_b_proj(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
@@ -74,6 +69,16 @@ def prepare_absorbed(
         f"{stored.name}.weight: the policy runs kv_b_proj as {decision.scheme} on the checkpoint's own "
         f"{stored.format.value} data, which the loader cannot pass to it unchanged"
     )
+
+
+def check_stored(decision: Any, stored: CheckpointWeight) -> None:
+    """The format ``decision`` (from config.json) expects is the one the safetensors file holds."""
+    # a quantized format the loader has no reader for (mxfp8, nvfp4, ...) can never match the file
+    if decision.stored.quantized and stored.format is not _STORED.get(decision.stored.name):
+        raise ValueError(
+            f"{stored.name}.weight: config.json says kv_b_proj is stored as {decision.stored.name}, but the "
+            f"safetensors file holds {stored.format.value}; the config and the weights disagree"
+        )
 
 
 # stored FP8 format -> its split into (codes, scale) of W_UK and W_UV^T at the scales' real granularity

@@ -1,107 +1,13 @@
-"""Progress while a validation runs, on stderr (stdout stays free for ``--json``).
-
-``rich`` draws a bar when it is importable (it is not a core dependency); otherwise one plain line per
-step goes to stderr. ``NullProgress`` is silent (tests, ``--no-progress``).
-"""
+"""Progress while a validation runs: :mod:`mlaq.progress` under the label ``validate``."""
 
 from __future__ import annotations
 
-import sys
-import time
-from typing import Any, Protocol
+from mlaq.progress import NullProgress, PlainProgress, Progress, RichProgress
+from mlaq.progress import make_progress as _make_progress
 
-
-class Progress(Protocol):
-    def begin(self, total: int) -> None: ...
-
-    def step(self, description: str) -> None:
-        """Starting a new step (the previous one is done)."""
-        ...
-
-    def end(self, ok: bool = True) -> None:
-        """The run finished (``ok``) or failed."""
-        ...
-
-
-class NullProgress:
-    def begin(self, total: int) -> None:
-        pass
-
-    def step(self, description: str) -> None:
-        pass
-
-    def end(self, ok: bool = True) -> None:
-        pass
-
-
-class PlainProgress:
-    """``validate [ 3/24] 12s  mxfp4: window 1/3`` lines on stderr."""
-
-    def __init__(self, stream: Any = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.total, self.done, self.start = 0, 0, time.perf_counter()
-
-    def begin(self, total: int) -> None:
-        self.total, self.done, self.start = total, 0, time.perf_counter()
-
-    def step(self, description: str) -> None:
-        self.done += 1
-        width = len(str(self.total))
-        elapsed = time.perf_counter() - self.start
-        print(
-            f"validate [{self.done:>{width}}/{self.total}] {elapsed:4.0f}s  {description}", file=self.stream
-        )
-        self.stream.flush()
-
-    def end(self, ok: bool = True) -> None:
-        word = "done in" if ok else "failed after"
-        print(f"validate: {word} {time.perf_counter() - self.start:.0f}s", file=self.stream)
-
-
-class RichProgress:
-    """A rich progress bar on stderr."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-        from rich.progress import Progress as Bar
-
-        self._bar = Bar(
-            TextColumn("[bold]validate"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self._task: Any = None
-        self._started = False
-
-    def begin(self, total: int) -> None:
-        self._bar.start()
-        self._task = self._bar.add_task("", total=total)
-
-    def step(self, description: str) -> None:
-        if self._started:
-            self._bar.advance(self._task)
-        self._started = True
-        self._bar.update(self._task, description=description)
-
-    def end(self, ok: bool = True) -> None:
-        if self._task is None:
-            return
-        if self._started and ok:
-            self._bar.advance(self._task)
-        self._bar.update(self._task, description="done" if ok else "failed")
-        self._bar.stop()
+__all__ = ["NullProgress", "PlainProgress", "Progress", "RichProgress", "make_progress"]
 
 
 def make_progress(enabled: bool = True) -> Progress:
     """Rich if importable, else plain lines; silent when not ``enabled``."""
-    if not enabled:
-        return NullProgress()
-    try:
-        return RichProgress()
-    except ImportError:
-        return PlainProgress()
+    return _make_progress("validate", enabled)

@@ -1,7 +1,9 @@
-"""Progress over layers on stderr (stdout stays free for ``--json``): a rich bar when rich is importable,
-plain lines otherwise, nothing with ``NullProgress``.
+"""Progress over the steps of a long command, on stderr (stdout stays free for ``--json``).
 
-(validate has the same three-verb protocol; both could share one module in a lower layer later.)
+One three-verb protocol for every front door (``mlaq validate``, ``mlaq audit``): ``begin(total)``,
+``step(description)`` as each step starts, ``end(ok)``. ``rich`` draws a bar when it is importable (it
+is not a core dependency); otherwise one plain line per step goes to stderr. ``NullProgress`` is silent
+(tests, ``--no-progress``). Each bar or line starts with the command's label.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ class Progress(Protocol):
         """Starting a new step (the previous one is done)."""
         ...
 
-    def end(self, ok: bool = True) -> None: ...
+    def end(self, ok: bool = True) -> None:
+        """The run finished (``ok``) or failed."""
+        ...
 
 
 class NullProgress:
@@ -35,7 +39,8 @@ class NullProgress:
 class PlainProgress:
     """``audit [ 3/62] 12s  layer 2`` lines on stderr."""
 
-    def __init__(self, stream: Any = None) -> None:
+    def __init__(self, label: str, stream: Any = None) -> None:
+        self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.total, self.done, self.start = 0, 0, time.perf_counter()
 
@@ -46,21 +51,24 @@ class PlainProgress:
         self.done += 1
         elapsed = time.perf_counter() - self.start
         width = len(str(self.total))
-        print(f"audit [{self.done:>{width}}/{self.total}] {elapsed:4.0f}s  {description}", file=self.stream)
+        line = f"{self.label} [{self.done:>{width}}/{self.total}] {elapsed:4.0f}s  {description}"
+        print(line, file=self.stream)
         self.stream.flush()
 
     def end(self, ok: bool = True) -> None:
         word = "done in" if ok else "failed after"
-        print(f"audit: {word} {time.perf_counter() - self.start:.0f}s", file=self.stream)
+        print(f"{self.label}: {word} {time.perf_counter() - self.start:.0f}s", file=self.stream)
 
 
 class RichProgress:
-    def __init__(self) -> None:
+    """A rich progress bar on stderr."""
+
+    def __init__(self, label: str) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Bar
 
-        columns = (TextColumn("[bold]audit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         self._bar = Bar(*columns, TextColumn("{task.description}"), console=Console(stderr=True))
         self._task: Any = None
         self._started = False
@@ -84,10 +92,11 @@ class RichProgress:
         self._bar.stop()
 
 
-def make_progress(enabled: bool = True) -> Progress:
+def make_progress(label: str, enabled: bool = True) -> Progress:
+    """Rich if importable, else plain lines; silent when not ``enabled``."""
     if not enabled:
         return NullProgress()
     try:
-        return RichProgress()
+        return RichProgress(label)
     except ImportError:
-        return PlainProgress()
+        return PlainProgress(label)
