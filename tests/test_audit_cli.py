@@ -83,7 +83,7 @@ def _fails(mlaq_cli, path, tmp_path, *extra):
 def test_not_a_checkpoint(tmp_path, mlaq_cli):
     (tmp_path / "empty").mkdir()
     assert "no config.json" in _fails(mlaq_cli, tmp_path / "empty", tmp_path)
-    assert "no such checkpoint directory" in _fails(mlaq_cli, tmp_path / "nope", tmp_path)
+    assert "not a local directory; mlaq does not download" in _fails(mlaq_cli, tmp_path / "nope", tmp_path)
 
 
 def test_no_weights(ckpt, tmp_path, mlaq_cli):

@@ -129,7 +129,8 @@ def spec_reference(model: ToyLM, prompt: list[int], k: int, n: int) -> tuple[lis
         size = len(tokens)
         h = target(tokens).hidden[0]  # (N, H)
         mtp_tokens, mtp_hidden, drafts = tokens[1:], list(h[: size - 1]), []  # MTP at p reads h_p, x_{p+1}
-        for _ in range(k):
+        kk = min(k, n - (size - len(prompt)) - 1)  # vLLM: a step computes at most prompt + n - 1 tokens
+        for _ in range(kk):
             ids = torch.tensor([mtp_tokens])
             out = model.mtp(
                 ids, torch.stack(mtp_hidden)[None], torch.arange(ids.shape[1])[None], empty, step=0
@@ -138,8 +139,8 @@ def spec_reference(model: ToyLM, prompt: list[int], k: int, n: int) -> tuple[lis
             mtp_tokens.append(drafts[-1])
             mtp_hidden.append(out.hidden[0, -1])  # the chain runs on the MTP's own hidden state
         best = target(tokens + drafts).logits[0, size - 1 :].argmax(-1).tolist()  # (k+1,)
-        accepted = next((i for i in range(k) if drafts[i] != best[i]), k)
-        stats = stats.observe(k, accepted)
+        accepted = next((i for i in range(kk) if drafts[i] != best[i]), kk)
+        stats = stats.observe(kk, accepted) if kk else stats
         tokens += best[: accepted + 1]
     return tokens[len(prompt) :][:n], stats
 

@@ -110,7 +110,7 @@ def test_quantization_config_from_file(env, capsys, tmp_path):
     "args, env_vars, message",
     [
         ([GLM52], {"MLAQ_FP4BMM": "maybe"}, "MLAQ_FP4BMM='maybe' is not a boolean"),
-        (["/nonexistent/model"], {}, "no such checkpoint directory"),
+        (["/nonexistent/model"], {}, "not a local directory; mlaq does not download"),
         (
             [GLM52, "--quantization-config", '{"targets": {"re:.*kv_b_proj": "fp4"}}'],
             {},

@@ -72,7 +72,7 @@ def test_not_mla_is_an_error():
 
 
 def test_missing_dir_and_config(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match="not a local directory; mlaq does not download"):
         read_checkpoint_dir(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         read_checkpoint_dir(tmp_path)

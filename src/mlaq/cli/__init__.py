@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # user errors: message, no traceback
         print(f"mlaq {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT
+        print(f"mlaq {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

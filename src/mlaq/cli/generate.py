@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from mlaq.engine.sampling_params import SamplingParams
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    warn_drafts_unusable("generate", _spec_k(args.speculative_config), "--max-tokens", args.max_tokens)
     llm = LLM(
         model_or_default(args.model),
         dtype=dtype,
@@ -126,3 +127,24 @@ def run(args: argparse.Namespace) -> int:
     if stats is not None:
         print(stats.log_line(time.perf_counter() - start))
     return 0
+
+
+def _spec_k(text: str | None) -> int:
+    from mlaq.engine.config import SpeculativeConfig
+
+    spec = SpeculativeConfig.parse(text)
+    return 0 if spec is None else spec.num_speculative_tokens
+
+
+def warn_drafts_unusable(command: str, k: int, flag: str, max_tokens: int | None) -> None:
+    """A warning on stderr when k drafts per step exceed what a request of ``max_tokens`` can use:
+    drafts are capped at max_tokens - 1 per step (vLLM's scheduler caps the tokens of a step at
+    prompt + max_tokens - 1), so acceptance is measured on fewer drafts than asked for."""
+    import sys
+
+    if k and max_tokens is not None and k > max_tokens - 1:
+        print(
+            f"mlaq {command}: warning: {k} speculative tokens per step exceed what {flag} {max_tokens} can "
+            f"use; each step drafts at most {max(max_tokens - 1, 0)} (max_tokens - 1), as vLLM's scheduler caps it",
+            file=sys.stderr,
+        )

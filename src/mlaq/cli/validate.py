@@ -145,13 +145,16 @@ def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported l
     from pathlib import Path
 
     from mlaq.bundled import bundled_model_dir
+    from mlaq.model.checkpoint import check_weight_files
+    from mlaq.policy.local_dir import require_local_dir
     from mlaq.settings import Settings
     from mlaq.validate.config import ValidateConfig, default_eval_text
     from mlaq.validate.variants import precision_of
 
-    model = Path(args.model) if args.model else bundled_model_dir()
+    model = require_local_dir(args.model) if args.model else bundled_model_dir()
     if not (model / "config.json").is_file():
         raise FileNotFoundError(f"{model}: not a checkpoint directory (no config.json)")
+    check_weight_files(model)  # the checkpoint before any other input
     as_configured = args.as_configured or args.quantization_config is not None
     if not as_configured and (args.platform is not None or args.engine_defaults != "mlaq"):
         raise ValueError(
@@ -203,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from mlaq.validate.progress import make_progress
-    from mlaq.validate.report import report_json, write_report
+    from mlaq.validate.report import prepare_out, report_json
     from mlaq.validate.runner import measure
     from mlaq.validate.stats import summarize
     from mlaq.validate.summary import print_summary
@@ -219,6 +222,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0, got {args.threads}")
     config = config_from_args(args)
+    from mlaq.cli.generate import warn_drafts_unusable
+
+    warn_drafts_unusable("validate", config.num_speculative_tokens, "--max-tokens", config.max_tokens)
     if args.eval_text and not config.eval_text.is_file():
         raise FileNotFoundError(f"--eval-text {config.eval_text}: no such file")
     if args.threads:
@@ -233,11 +239,10 @@ def run(args: argparse.Namespace) -> int:
 
         budget = args.memory_budget or DEFAULT_BUDGET
         source = StreamSource(config, budget, layer_progress=make_layer_progress(not args.no_progress))
+    out = prepare_out(args.out) if args.out else None  # before measuring: a bad --out costs nothing
     try:
         record = measure(config, progress=make_progress(not args.no_progress), source=source)
     except KeyboardInterrupt:
-        if not args.stream:
-            raise
         print(
             "mlaq validate: interrupted; nothing was written (a previous report stays as it was)",
             file=sys.stderr,
@@ -245,14 +250,34 @@ def run(args: argparse.Namespace) -> int:
         return 130
     verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
     report = summarize(record, verdicts)
-    if args.out:
-        paths = write_report(report, args.out)
-        print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    if args.json:
+    if args.json:  # the results first: a failing write below cannot lose them
         sys.stdout.write(report_json(report))
     else:
         print_summary(report)
-    return verdict_exit_code(report, args.fail_on)
+    sys.stdout.flush()
+    code = verdict_exit_code(report, args.fail_on)
+    return code if out is None or save_report(report, out) else 1
+
+
+def save_report(report: dict, out) -> bool:  # out: Path
+    """Write the report files into ``out`` (after the results were printed); a failing write is one
+    line naming --out, and False."""
+    import sys
+
+    from mlaq.validate.report import write_report
+
+    try:
+        paths = write_report(report, out)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(
+            f"mlaq validate: --out {out}: could not write the report ({why}); the results above are "
+            "complete and a previous report there stays as it was",
+            file=sys.stderr,
+        )
+        return False
+    print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return True
 
 
 def verdict_exit_code(report: dict, fail_on: str | None) -> int:

@@ -54,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from mlaq.cli.validate import task_config, verdict_exit_code
+    from mlaq.cli.validate import save_report, task_config, verdict_exit_code
     from mlaq.validate.progress import make_progress
-    from mlaq.validate.report import report_json, write_report
+    from mlaq.validate.report import prepare_out, report_json
     from mlaq.validate.server import ClientConfig, ServerValidateConfig
     from mlaq.validate.sources.server import run_server_validation
     from mlaq.validate.summary import print_summary
@@ -92,10 +92,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         tasks=None if args.against else task_config(args),
     )
-    if args.out:  # check --out before measuring: a bad path must not cost the run
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} exists and is not a directory")
+    out = prepare_out(args.out) if args.out else None  # before measuring: a bad path must not cost the run
     verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
     report = run_server_validation(cfg, make_progress(not args.no_progress), verdicts)
     if args.json:
@@ -103,10 +100,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_summary(report)
         print("\n".join(_details(report)))
-    if args.out:
-        paths = write_report(report, args.out)
-        print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    return verdict_exit_code(report, args.fail_on)
+    sys.stdout.flush()
+    code = verdict_exit_code(report, args.fail_on)
+    return code if out is None or save_report(report, out) else 1
 
 
 def _details(report: dict) -> list[str]:

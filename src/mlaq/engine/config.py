@@ -48,11 +48,14 @@ class SpeculativeConfig:
             raise ValueError(
                 f"unsupported speculative_config key(s) {unknown}; mlaq takes method and num_speculative_tokens"
             )
+        example = '{"method": "mtp", "num_speculative_tokens": 3}'
+        if (
+            "method" not in value
+        ):  # vLLM: "num_speculative_tokens was provided but without speculative model."
+            raise ValueError(f'speculative_config needs "method" (vLLM requires it), e.g. {example}')
         if "num_speculative_tokens" not in value:
-            raise ValueError(
-                'speculative_config needs "num_speculative_tokens", e.g. {"method": "mtp", ...: 3}'
-            )
-        method = value.get("method", "mtp")
+            raise ValueError(f'speculative_config needs "num_speculative_tokens", e.g. {example}')
+        method = value["method"]
         try:
             parsed_method = SpeculativeMethod(method)
         except ValueError:

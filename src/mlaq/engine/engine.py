@@ -49,6 +49,9 @@ class EngineConfig:
     kv_cache_scale: float = 1.0  # per-tensor fp8 scale (vLLM's default)
     speculative_config: SpeculativeConfig | None = None  # or its dict / JSON text
     seed: int = 0  # seeds the generators of requests without their own seed
+    max_position_embeddings: int | None = (
+        None  # the model's context, for advice on a prompt that does not fit
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_dtype", KVCacheDtype.parse(self.kv_cache_dtype))
@@ -141,6 +144,8 @@ class LLMEngine:
         seq = Seq(
             self._next_id, [int(t) for t in prompt_token_ids], params, torch.Generator().manual_seed(seed)
         )
+        if len(seq.prompt_token_ids) > self.config.max_model_len:
+            raise ValueError(_too_long(len(seq.prompt_token_ids), self.config))
         self.scheduler.add(seq)
         detok = (
             IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, params) if self.tokenizer else None
@@ -270,9 +275,11 @@ class LLMEngine:
             self._emit(r, emitted.tolist(), rows[: n + 1])
 
     def _propose(self, reqs: list[Request]) -> list[list[int]]:
-        """k greedy MTP drafts per request (fewer near max_model_len)."""
+        """k greedy MTP drafts per request; fewer near max_model_len and near max_tokens, as vLLM's
+        scheduler caps a step at prompt + max_tokens - 1 computed tokens: a step then emits at most the
+        tokens the request may still emit, so accepted drafts never exceed emitted tokens."""
         drafts: list[list[int]] = [[] for _ in reqs]
-        ks = [min(self.k, self.config.max_model_len - r.seq.num_tokens) for r in reqs]
+        ks = [min(self.k, self.config.max_model_len - r.seq.num_tokens, _room(r.seq) - 1) for r in reqs]
         active = [i for i, k in enumerate(ks) if k > 0 and reqs[i].pending_hidden is not None]
         if not active:
             return drafts
@@ -366,3 +373,20 @@ def _logprob_entries(rows: Tensor, tokens: Sequence[int], top_n: int | None) -> 
             for t, v in zip(ids, values, strict=True):
                 entry.setdefault(t, v)
     return entries
+
+
+def _room(seq: Seq) -> int:
+    """Output tokens ``seq`` may still emit under max_tokens (a large number without a limit)."""
+    limit = seq.params.max_tokens
+    return 1 << 30 if limit is None else limit - len(seq.output_token_ids)
+
+
+def _too_long(n: int, config: EngineConfig) -> str:
+    """What can make a prompt of ``n`` tokens fit: a larger max_model_len only up to the model's context."""
+    m, limit = config.max_model_len, config.max_position_embeddings
+    head = f"prompt of {n} tokens does not fit max_model_len={m}"
+    if limit is None:
+        return f"{head}; shorten it or raise max_model_len"
+    if n <= limit:
+        return f"{head}; raise --max-model-len to at least {n} (the model takes up to {limit}) or shorten it"
+    return f"{head}; the model's context is {limit} tokens (max_position_embeddings): shorten the prompt"

@@ -76,6 +76,7 @@ class LLM:
             kv_cache_dtype=kv_cache_dtype,
             speculative_config=speculative_config,
             seed=seed,
+            max_position_embeddings=limit,
         )
         self.tokenizer = tokenizer
         self.engine = LLMEngine(model, config, tokenizer, eos_token_ids)

@@ -40,25 +40,7 @@ class SafetensorsCheckpoint:
         self._stored: dict[str, str] = {}  # name mlaq reads -> name in the file
 
     def _resolve_files(self) -> list[Path]:
-        index = self.directory / INDEX_FILE
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(
-                    f"{index}: not a safetensors index (needs a 'weight_map' object): {exc}"
-                ) from exc
-            files = sorted({self.directory / f for f in weight_map.values()})
-            missing = [f.name for f in files if not f.is_file()]
-            if missing:
-                raise FileNotFoundError(f"{index} names shard(s) that do not exist: {', '.join(missing)}")
-            return files
-        single = self.directory / SINGLE_FILE
-        if single.is_file():
-            return [single]
-        raise FileNotFoundError(
-            f"no {SINGLE_FILE} or {INDEX_FILE} in {self.directory}; mlaq reads safetensors checkpoints only"
-        )
+        return check_weight_files(self.directory)
 
     def __enter__(self) -> SafetensorsCheckpoint:
         try:
@@ -163,3 +145,34 @@ def check_finite(t: Tensor, what: str) -> None:
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{what} holds {bad} non-finite value(s) (NaN/inf); the checkpoint is corrupt")
+
+
+def check_weight_files(directory: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory (an index's shards, or model.safetensors), checked
+    to exist; a directory of PyTorch pickles (pytorch_model.bin) is refused by name, never opened."""
+    directory = Path(directory)
+    index = directory / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{index}: not a safetensors index (needs a 'weight_map' object): {exc}"
+            ) from exc
+        files = sorted({directory / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shard(s) that do not exist: {', '.join(missing)}")
+        return files
+    single = directory / SINGLE_FILE
+    if single.is_file():
+        return [single]
+    pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
+    if pickles:
+        raise FileNotFoundError(
+            f"{directory} holds {', '.join(pickles[:2])} but no {SINGLE_FILE} or {INDEX_FILE}: mlaq reads "
+            "safetensors only and never unpickles PyTorch files; convert the checkpoint to safetensors first"
+        )
+    raise FileNotFoundError(
+        f"no {SINGLE_FILE} or {INDEX_FILE} in {directory}; mlaq reads safetensors checkpoints only"
+    )

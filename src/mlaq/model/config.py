@@ -22,6 +22,7 @@ from mlaq.model.registry import (
     TopkMethod,
     get_arch,
 )
+from mlaq.policy.local_dir import require_local_dir
 
 _REQUIRED = (
     "vocab_size",
@@ -151,7 +152,7 @@ class ModelConfig:
     def from_dir(cls, path: str | Path) -> ModelConfig:
         """Read ``path/config.json`` (``path`` may also be the file itself)."""
         path = Path(path)
-        file = path if path.is_file() else path / "config.json"
+        file = path if path.is_file() else require_local_dir(path) / "config.json"
         if not file.is_file():
             raise FileNotFoundError(f"no config.json in {path}")
         try:

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from mlaq.policy.local_dir import require_local_dir
+
 # config.json dtype spellings -> the short names mlaq reports (vLLM's words).
 _DTYPES = MappingProxyType(
     {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
@@ -156,9 +158,7 @@ def _layers_prefix(index_path: Path) -> str:
 
 def read_checkpoint_dir(path: str | Path) -> CheckpointFiles:
     """Read config.json (required), hf_quant_config.json and the safetensors index (optional)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such checkpoint directory")
+    root = require_local_dir(path)
     config_path = root / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{root}: no config.json (mlaq needs the checkpoint's config files)")

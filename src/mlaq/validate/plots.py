@@ -94,7 +94,9 @@ def write_plots(r: dict[str, Any], directory: Path) -> list[str]:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         names.append(_save(fig, directory, "per_layer_error.png"))
-    return names
+    from mlaq.validate.plots_tasks import write_task_plots
+
+    return names + write_task_plots(r, directory, plt, colour)
 
 
 def _save(fig: Any, directory: Path, name: str) -> str:

@@ -26,12 +26,24 @@ def report_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, allow_nan=False) + "\n"
 
 
-def write_report(report: dict[str, Any], out: str | Path, *, plots: bool = True) -> list[Path]:
-    """Write the report files into ``out`` (created if needed); returns their paths."""
+def prepare_out(out: str | Path) -> Path:
+    """Check (and create) the report directory before anything is measured: ValueError naming --out
+    when it is a file, cannot be created (/proc/x, FILE/sub) or is not writable."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(prefix=".mlaq-validate-", dir=out))  # writable: a report can land
+        probe.rmdir()
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write a report there ({exc.strerror or exc})") from None
+    return out
+
+
+def write_report(report: dict[str, Any], out: str | Path, *, plots: bool = True) -> list[Path]:
+    """Write the report files into ``out`` (checked and created by ``prepare_out``); returns their paths."""
+    out = prepare_out(out)
     tmp = Path(tempfile.mkdtemp(prefix=".mlaq-validate-", dir=out))
     try:
         names = []

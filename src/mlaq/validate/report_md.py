@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from mlaq.validate import report_sections as sections
+from mlaq.validate import report_tasks as tasks
 from mlaq.validate.report_stream import stream_section
 from mlaq.validate.summary import caption, format_markdown, variants
 
@@ -13,6 +13,10 @@ PLOTS = {
     "error_vs_position.png": "Error vs context position (per-layer attention error, KL, ΔNLL)",
     "acceptance_per_position.png": "MTP per-position acceptance rate",
     "per_layer_error.png": "Attention error by layer",
+    "task_accuracy.png": "Task accuracy vs length, Wilson 95 % bands",
+    "task_logprob_delta.png": "Answer log-prob difference vs bf16 by length, bootstrap 95 % bands",
+    "needle_depth_length.png": "Needle accuracy by depth x length",
+    "flip_rate_vs_keys.png": "Attention top-key flip rate vs competing keys, per layer",
 }
 
 
@@ -226,61 +230,6 @@ def _layers(r: dict[str, Any]) -> list[str]:
     return ["## Attention error by layer", "", *_table(head, body), ""]
 
 
-def _acceptance(r: dict[str, Any]) -> list[str]:
-    k = r["config"]["num_speculative_tokens"]
-    if not k:
-        why = "the servers reported none" if r.get("source") == "server" else "--num-speculative-tokens 0"
-        return ["## MTP speculative decoding", "", f"Not run ({why}).", ""]
-    head = ["scheme", "drafts", "draft tokens", "accepted", "mean len", "avg rate", "± 1 SE"]
-    head += [f"pos {i}" for i in range(k)]
-    body = []
-    for label, v in variants(r):
-        per = v.get("per_position_acceptance_rate") or []
-        p, n = v["acceptance_rate"], v["num_draft_tokens"]
-        se = math.sqrt(p * (1 - p) / n) if p is not None and n else None
-        body.append(
-            [
-                label,
-                str(v["num_drafts"]),
-                str(n),
-                str(v["num_accepted_tokens"]),
-                "—" if v["mean_acceptance_length"] is None else f"{v['mean_acceptance_length']:.2f}",
-                _pct(p, 1),
-                _pct(se, 1),
-                *(_pct(x, 1) for x in per),
-            ]
-        )
-    note = (
-        "Greedy drafts and greedy verification; draft (MTP layer) and target both run the scheme. "
-        "± 1 SE is the binomial standard error of the rate: once a generation diverges from the "
-        "reference's, acceptance is measured on other text, so differences within about two SE are "
-        "sampling noise (compare the noise floor's row)."
-    )
-    return ["## MTP speculative decoding", "", note, "", *_table(head, body), ""]
-
-
-def _generation(r: dict[str, Any]) -> list[str]:
-    n = r["config"]["ngram"]
-    head = ["scheme", "first differing token per prompt", f"repeated {n}-grams", "longest loop"]
-    body = []
-    for label, v in variants(r):
-        g = v.get("generation") or {}
-        firsts = g.get("first_divergence")
-        first = "reference" if firsts is None else ", ".join("same" if f is None else str(f) for f in firsts)
-        body.append([label, first, _pct(g.get("repeated_ngram_share"), 1), str(g.get("longest_loop", "—"))])
-    lines = ["## Free-running greedy generation", "", *_table(head, body), ""]
-    lines += ["First prompt, its last tokens:", "", "```", r["eval_text"]["prompt_sample"], "```", ""]
-    ref_sample = r["reference"].get("sample")
-    for label, v in variants(r):
-        if "sample" not in v:
-            continue
-        if v is not r["reference"] and v["sample"] == ref_sample:
-            lines += [f"{label}: identical to the reference.", ""]
-        else:
-            lines += [f"{label}:", "", "```", v["sample"], "```", ""]
-    return lines
-
-
 def _decisions(r: dict[str, Any]) -> list[str]:
     ac = r.get("as_configured")
     if not ac:
@@ -296,14 +245,16 @@ def _decisions(r: dict[str, Any]) -> list[str]:
 def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     """The whole report.md."""
     if r.get("source") == "server":  # no weights: no arithmetic, per-op or per-layer figures
-        lines = sections.server_header(r) + _summary(r) + sections.server_notes(r)
+        lines = sections.server_header(r) + _summary(r) + tasks.verdict_section(r) + sections.server_notes(r)
         lines += sections.decode_section(r) + sections.kld_section(r)
         lines += _by_bucket(r)
     else:
-        lines = _header(r) + _summary(r) + _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
+        lines = _header(r) + _summary(r) + tasks.verdict_section(r)
+        lines += _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
         lines += sections.kld_section(r)
     streamed = stream_section(r)  # teacher-forced only: no generation to show
-    lines += (streamed or _acceptance(r) + _generation(r)) + _decisions(r)
+    lines += (streamed or sections.acceptance(r) + sections.generation(r)) + _decisions(r)
+    lines += tasks.tasks_section(r) + tasks.flips_section(r)
     if plots:
         lines += ["## Plots", ""] + [f"![{PLOTS.get(p, p)}]({p})" for p in plots] + [""]
     t = r["timings"]

@@ -1,12 +1,18 @@
-"""Report sections shared by every source: llama.cpp's KL statistics, and the header and server notes
-of a live-server run (``mlaq validate --server``). Read only the report dict."""
+"""Report sections shared by every source: llama.cpp's KL statistics, MTP acceptance and free-running
+generation, and the header and server notes of a live-server run (``mlaq validate --server``). Read only
+the report dict."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mlaq.validate.kld import format_kld_statistics
 from mlaq.validate.summary import caption, format_markdown, variants
+
+
+def _pct(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{100 * x:.{digits}f} %"
 
 
 def _table(head: list[str], body: list[list[str]]) -> list[str]:
@@ -164,4 +170,59 @@ def kld_section(r: dict[str, Any]) -> list[str]:
             )
         head = ["positions", "n", "mean KLD", "median", "99 %", "max", "RMS Δp", "same top p", "ΔNLL"]
         lines += [*_table(head, body), ""]
+    return lines
+
+
+def acceptance(r: dict[str, Any]) -> list[str]:
+    k = r["config"]["num_speculative_tokens"]
+    if not k:
+        why = "the servers reported none" if r.get("source") == "server" else "--num-speculative-tokens 0"
+        return ["## MTP speculative decoding", "", f"Not run ({why}).", ""]
+    head = ["scheme", "drafts", "draft tokens", "accepted", "mean len", "avg rate", "± 1 SE"]
+    head += [f"pos {i}" for i in range(k)]
+    body = []
+    for label, v in variants(r):
+        per = v.get("per_position_acceptance_rate") or []
+        p, n = v["acceptance_rate"], v["num_draft_tokens"]
+        se = math.sqrt(p * (1 - p) / n) if p is not None and n else None
+        body.append(
+            [
+                label,
+                str(v["num_drafts"]),
+                str(n),
+                str(v["num_accepted_tokens"]),
+                "—" if v["mean_acceptance_length"] is None else f"{v['mean_acceptance_length']:.2f}",
+                _pct(p, 1),
+                _pct(se, 1),
+                *(_pct(x, 1) for x in per),
+            ]
+        )
+    note = (
+        "Greedy drafts and greedy verification; draft (MTP layer) and target both run the scheme. "
+        "± 1 SE is the binomial standard error of the rate: once a generation diverges from the "
+        "reference's, acceptance is measured on other text, so differences within about two SE are "
+        "sampling noise (compare the noise floor's row)."
+    )
+    return ["## MTP speculative decoding", "", note, "", *_table(head, body), ""]
+
+
+def generation(r: dict[str, Any]) -> list[str]:
+    n = r["config"]["ngram"]
+    head = ["scheme", "first differing token per prompt", f"repeated {n}-grams", "longest loop"]
+    body = []
+    for label, v in variants(r):
+        g = v.get("generation") or {}
+        firsts = g.get("first_divergence")
+        first = "reference" if firsts is None else ", ".join("same" if f is None else str(f) for f in firsts)
+        body.append([label, first, _pct(g.get("repeated_ngram_share"), 1), str(g.get("longest_loop", "—"))])
+    lines = ["## Free-running greedy generation", "", *_table(head, body), ""]
+    lines += ["First prompt, its last tokens:", "", "```", r["eval_text"]["prompt_sample"], "```", ""]
+    ref_sample = r["reference"].get("sample")
+    for label, v in variants(r):
+        if "sample" not in v:
+            continue
+        if v is not r["reference"] and v["sample"] == ref_sample:
+            lines += [f"{label}: identical to the reference.", ""]
+        else:
+            lines += [f"{label}:", "", "```", v["sample"], "```", ""]
     return lines

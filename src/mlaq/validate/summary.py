@@ -1,4 +1,5 @@
-"""The one-row-per-scheme summary: as a terminal table (rich if importable) and as Markdown."""
+"""The one-row-per-scheme summary: as a terminal table (rich if importable) and as Markdown; with the
+long-context task suite, one column per task: its accuracy at the longest length."""
 
 from __future__ import annotations
 
@@ -63,13 +64,26 @@ def row(label: str, v: dict[str, Any]) -> list[str]:
     ]
 
 
+def task_columns(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(task, its longest length) of the reference's task figures: one summary column each."""
+    tasks = report["reference"].get("tasks") or {}
+    return [(task, max(by_len, key=int)) for task, by_len in tasks.items() if by_len]
+
+
+def _task_cell(v: dict[str, Any], task: str, length: str) -> str:
+    c = ((v.get("tasks") or {}).get(task) or {}).get(length)
+    return "—" if c is None else f"{100 * c['accuracy']:.0f} %"
+
+
 def rows(report: dict[str, Any]) -> list[list[str]]:
-    return [row(label, v) for label, v in variants(report)]
+    cols = task_columns(report)
+    return [row(label, v) + [_task_cell(v, t, n) for t, n in cols] for label, v in variants(report)]
 
 
 def headers(report: dict[str, Any]) -> list[str]:
     n = report["config"]["ngram"]
-    return [h.replace("4-gram", f"{n}-gram") for h in HEADERS]
+    tasks = [f"{task} @{length}" for task, length in task_columns(report)]
+    return [h.replace("4-gram", f"{n}-gram") for h in HEADERS] + tasks
 
 
 def format_markdown(report: dict[str, Any]) -> str:
