@@ -22,8 +22,8 @@ from mlaq.validate.stream import parse_size
 from quant_helpers import quantize_checkpoint
 from validate_helpers import tiny_checkpoint
 
-SMALL = {  # flips are not measured by --stream yet (flip_rows 0 in both)
-    "flip_rows": 0,
+SMALL = {
+    "flip_rows": 32,  # of the window's 64 query rows: a sample, as validate's default takes of long windows
     "context_len": 64,
     "windows": 2,
     "buckets": 4,
@@ -81,8 +81,9 @@ def test_streamed_equals_in_memory_in_fp32(checkpoint) -> None:
     """The issue's check: identical per-layer errors and KL to 1e-6 relative, fp32 reference."""
     engine, stream = _both(_config(checkpoint), reference=FP32, noise_floor=None)
     _assert_same(engine, stream)
-    kl = stream.candidates[1].positions["kl"]
-    assert sum(map(sum, kl.sums)) > 0  # mxfp4 moves the distribution: the comparison is not vacuous
+    for q in ("kl", "flip/1", "tv/1"):  # mxfp4 moves them: the comparison is not vacuous
+        assert sum(map(sum, stream.candidates[1].positions[q].sums)) > 0, q
+    assert "flip/2" in stream.candidates[1].positions  # the MTP layer's flips too
     assert [x.layer for x in stream.candidates[0].layers] == [0, 1, 2]  # the MTP layer (2) included
     assert stream.reference.generation is None  # teacher-forced only
 

@@ -25,7 +25,7 @@ from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.policy import decide_from_dir
 from mlaq.validate.capture import LayerInput, attention_output, capture_reference
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
-from mlaq.validate.flips import FlipReference, attention_flips, flip_reference
+from mlaq.validate.flips import FlipReference, add_flips, attention_flips, flip_reference
 from mlaq.validate.generation import generate
 from mlaq.validate.metrics import Buckets, BucketSums, PositionDivergence, divergence, relative_error_terms
 from mlaq.validate.progress import NullProgress, Progress
@@ -294,13 +294,8 @@ def _add_layer_errors(
 
 
 def _add_flips(sums: BucketSums, model: torch.nn.Module, refs: Sequence[FlipReference]) -> None:
-    """Flip figures bucketed by the number of keys each row competes over (keys - 1 as a position)."""
     for ref in refs:
-        f = attention_flips(model, ref)
-        where = (f.keys - 1).expand_as(f.flipped)  # (N, R)
-        sums.add(f"flip/{ref.layer}", where, f.flipped.double())
-        sums.add(f"tv/{ref.layer}", where, f.tv)
-        sums.add(f"flip_retrieval/{ref.layer}", where[f.retrieval], f.flipped[f.retrieval].double())
+        add_flips(sums, ref.layer, attention_flips(model, ref))
 
 
 def _absorbed(model: torch.nn.Module, layers: Sequence[LayerInput]) -> dict[int, AbsorbedWeights]:

@@ -130,7 +130,18 @@ def measure_stream(
             t_weights = time.perf_counter()
             prepare = _preparer(layer, policy, config)
             progress.update(i, source.bytes_read, f"layer {i}: attention")
-            attention_stage(i, False, layer.modules, prepare, ref, others, step, the_plan.chunk, operands)
+            attention_stage(
+                i,
+                False,
+                layer.modules,
+                prepare,
+                ref,
+                others,
+                step,
+                the_plan.chunk,
+                operands,
+                flip_rows=config.flip_rows,
+            )
             t_attn = time.perf_counter()
             progress.update(i, source.bytes_read, f"layer {i}: MLP")
             clock = [0.0]
@@ -182,6 +193,7 @@ def measure_stream(
                 operands,
                 the_plan.chunk,
                 lambda index, modules, ss: _mlp(source, index, modules, ss),
+                config.flip_rows,
             )
             _stat(
                 out,
