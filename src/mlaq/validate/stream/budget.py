@@ -89,6 +89,10 @@ class Shape:
     index_heads: int = 0  # DSA indexer heads (0: no indexer)
     experts_per_token: int = 0
     moe_intermediate: int = 0
+    task_tokens: int = 0  # the task suite's samples (stream/tasks.py task_shape; 0: no suite)
+    task_len: int = 0  # the longest sample
+    task_batch: int = 0  # the most samples in one batch
+    task_elem: int = 0  # bytes per token and hidden unit of every prefix copy and tail
 
 
 @dataclass(frozen=True)
@@ -112,8 +116,24 @@ class Plan:
 
 
 def _streams(s: Shape) -> int:
-    """Hidden states of every stream and window, with the layer's transient copies (x, x + out)."""
-    return sum(2 * s.windows * s.tokens * s.hidden * b for b in s.stream_bytes)
+    """Hidden states of every stream and window and of the task samples, with the layer's transient
+    copies (x, x + out), and the task prefixes' latent cache at one layer."""
+    windows = sum(2 * s.windows * s.tokens * s.hidden * b for b in s.stream_bytes)
+    tasks = 2 * s.task_tokens * s.hidden * s.task_elem + s.task_tokens * (s.lora + s.rope) * s.task_elem
+    return windows + tasks
+
+
+def _task_attention(s: Shape, chunk: int) -> int:
+    """One batch of task samples through one attention call: projections, the naive path's decompressed
+    keys and values, the scores of a query chunk."""
+    if not s.task_tokens:
+        return 0
+    t, n, b = s.task_len, s.heads, max(s.stream_bytes)
+    proj = t * n * (s.qk_nope + 2 * s.rope) * b * 3 + t * (s.lora + s.rope) * 4
+    naive = t * n * (s.qk_nope + s.v_head) * b * 2
+    scores = 5 * n * min(chunk, t) * t * 4
+    index = 3 * min(chunk, t) * s.index_heads * t * 4 if s.index_heads else 0
+    return s.task_batch * (proj + naive + scores + index + t * t + t * s.hidden * 4)
 
 
 def _attention(s: Shape, chunk: int) -> int:
@@ -124,14 +144,16 @@ def _attention(s: Shape, chunk: int) -> int:
     index = 3 * chunk * s.index_heads * t * 4 if s.index_heads else 0
     masks = s.windows * len(s.stream_bytes) * t * t if s.index_heads else t * t  # bool
     capture = s.windows * t * s.hidden * (4 + b) + n * t * (s.qk_nope + s.lora) * 4  # ref in/out, BMM inputs
-    return proj + scores + bmm + index + masks + capture
+    flips = n * chunk * t * (4 * 3 + 8 * 3)  # both rows' weights (fp32), their float64 difference
+    return max(proj + scores + bmm + index + masks + capture + flips, _task_attention(s, chunk))
 
 
 def _moe(s: Shape) -> int:
     if not s.experts_per_token:
         return 0
-    groups = s.windows * sum(s.stream_bytes)
-    return groups * s.tokens * s.hidden * (s.experts_per_token + 2) + s.tokens * s.moe_intermediate * 4 * 3
+    tokens = s.windows * s.tokens * sum(s.stream_bytes) + s.task_tokens * s.task_elem  # x element bytes
+    biggest = max(s.tokens, s.task_batch * s.task_len)
+    return tokens * s.hidden * (s.experts_per_token + 2) + biggest * s.moe_intermediate * 4 * 3
 
 
 def _head(s: Shape, chunk: int) -> int:

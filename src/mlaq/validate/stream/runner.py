@@ -36,6 +36,8 @@ from mlaq.validate.stream.mtp import mtp_stage
 from mlaq.validate.stream.progress import LayerProgress, NullLayerProgress
 from mlaq.validate.stream.sizes import shape_and_sizes
 from mlaq.validate.stream.streams import Stream, attention_stage
+from mlaq.validate.stream.tasks import Hidden, TaskStreams, task_shape
+from mlaq.validate.tasks.run import Drawn, draw_suite
 from mlaq.validate.text import EvalData, load_eval_text
 
 
@@ -69,6 +71,8 @@ class StreamMeasurement:
     operands: dict[int, dict[str, float]]
     decisions: list[dict[str, Any]]
     plan: Plan
+    tasks: TaskStreams | None = None  # the long-context suite's samples, scored at the head
+    drawn: Drawn | None = None
     layer_stats: list[LayerStat] = field(default_factory=list)
     bytes_read: int = 0
     peak_rss: int = 0
@@ -94,29 +98,56 @@ def measure_stream(
     if config.as_configured:  # a bad --quantization-config fails now, before any layer is read
         policy = decide_from_dir(config.model, config.settings, config.quantization_config, log=False)
     context = config.resolve_context(cfg.max_position_embeddings)
+    tokenizer = Tokenizer.from_dir(config.model)
     data = load_eval_text(
         config.eval_text,
-        Tokenizer.from_dir(config.model),
+        tokenizer,
         context_len=context,
         windows=config.windows,
         prompts=config.prompts,
         prompt_len=min(config.prompt_len, context - 1),
         seed=config.seed,
     )
+    drawn = None
+    if config.tasks is not None:  # drawn now: a bad length or haystack fails before any layer is read
+        drawn = draw_suite(
+            config.tasks,
+            cfg.max_position_embeddings,
+            str(config.model),
+            data,
+            lambda text: tokenizer.encode(text, add_special_tokens=False),
+        )
     buckets = Buckets(context, min(config.buckets, context))
     variants = [reference, *([noise_floor] if noise_floor else []), *config.variants(reference)]
     dtypes = list(dict.fromkeys(v.dtype for v in variants))
     windows = data.windows()
-    shape, sizes = shape_and_sizes(source, variants, len(windows), context)
+    task_variants = [reference, *config.variants(reference)]  # as the engine: no fp32 noise floor
+    shape, sizes = shape_and_sizes(
+        source, variants, len(windows), context, task_shape(drawn, task_variants, config.precision)
+    )
     the_plan = plan(shape, budget, current_rss(), sizes.layer, sizes.expert, sizes.head, max_chunk)
     ids = torch.cat(windows)  # (W, T)
     streams = _embed(source, variants, windows, ids, buckets)
     ref, others = streams[0], streams[1:]
-    step = step_positions((0,), context, RopeTable(source.mla_config.rope))
+    rope = RopeTable(source.mla_config.rope)
+    step = step_positions((0,), context, rope)
+    tasks = None
+    if drawn is not None:
+        task_dtypes = list(dict.fromkeys(v.dtype for v in task_variants))
+        tasks = TaskStreams(
+            drawn.samples,
+            task_variants,
+            config.precision,
+            drawn.suite.batch_tokens,
+            rope,
+            lambda task_ids: _embedded(source, task_ids, task_dtypes),
+        )
     operands: dict[int, dict[str, float]] = {}
     out = StreamMeasurement(
         config, data, buckets, source, streams, noise_floor is not None, operands, [], the_plan
     )
+    out.tasks, out.drawn = tasks, drawn
+    task_seconds = 0.0
     if policy is not None:
         out.decisions = [d.to_json() for d in policy.layers]
     n_main = cfg.num_hidden_layers
@@ -142,10 +173,16 @@ def measure_stream(
                 operands,
                 flip_rows=config.flip_rows,
             )
+            if tasks is not None:
+                progress.update(i, source.bytes_read, f"layer {i}: task samples")
+                t_tasks = time.perf_counter()
+                tasks.attention(layer.modules, prepare, the_plan.chunk)
+                task_seconds += time.perf_counter() - t_tasks
             t_attn = time.perf_counter()
             progress.update(i, source.bytes_read, f"layer {i}: MLP")
             clock = [0.0]
-            experts = _mlp(source, i, layer.modules, streams, clock)
+            extra = [] if tasks is None else tasks.hidden(prefixes=i < n_main - 1)
+            experts = _mlp(source, i, layer.modules, streams, clock, extra)
             del layer, prepare
             end = time.perf_counter()
             _stat(
@@ -164,7 +201,7 @@ def measure_stream(
             )
         progress.update(n_main, source.bytes_read, "final norm and head: KL, top-1, ΔNLL")
         start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
-        final = _head(source, streams, ids, dtypes, the_plan.head_chunk)
+        final = _head(source, streams, ids, dtypes, the_plan.head_chunk, tasks)
         _stat(
             out,
             LayerStat(
@@ -212,6 +249,8 @@ def measure_stream(
     out.bytes_read = source.bytes_read
     out.peak_rss = peak_rss()
     out.timings = {"total": time.perf_counter() - t0}
+    if tasks is not None:
+        out.timings["tasks"] = task_seconds
     return out
 
 
@@ -246,14 +285,27 @@ def _preparer(layer: StreamedLayer, policy, config: ValidateConfig) -> Callable[
     return prepare
 
 
+def _embedded(source: LayerSource, ids: Tensor, dtypes: Sequence[torch.dtype]) -> dict[torch.dtype, Tensor]:
+    """The embedding of ``ids`` (B, T) in each dtype, as the model's embed_tokens computes it."""
+    rows, remapped = source.embedding_rows("model.embed_tokens.weight", ids)
+    return {dt: rows.to(dt)[remapped] for dt in dtypes}
+
+
 def _mlp(
-    source: LayerSource, index: int, modules, streams: Sequence[Stream], clock: list[float] | None = None
+    source: LayerSource,
+    index: int,
+    modules,
+    streams: Sequence[Stream],
+    clock: list[float] | None = None,
+    extra: Sequence[Hidden] = (),
 ) -> int:
-    """Post-attention norm and MLP for every stream and window; returns the routed experts read."""
+    """Post-attention norm and MLP (plus residual) for every stream and window and the ``extra`` hidden
+    states (the task samples'); returns the routed experts read (each once for all of them)."""
     keys = [(s, w) for s in streams for w in range(len(s.x))]
-    normed = [modules[s.variant.dtype].post_attention_layernorm(s.x[w]) for s, w in keys]
+    items = [Hidden(s.variant.dtype, s.x[w]) for s, w in keys] + list(extra)
+    normed = [modules[h.dtype].post_attention_layernorm(h.x) for h in items]
     if not source.is_moe(index):
-        outs = [modules[s.variant.dtype].mlp(h) for (s, _), h in zip(keys, normed, strict=True)]
+        outs = [modules[h.dtype].mlp(x) for h, x in zip(items, normed, strict=True)]
         read = 0
     else:
         count = [0]
@@ -266,20 +318,31 @@ def _mlp(
                 clock[0] += time.perf_counter() - start
             return modules
 
-        mlps = [modules[s.variant.dtype].mlp for s, _ in keys]
+        mlps = [modules[h.dtype].mlp for h in items]
         outs = moe_groups(mlps, normed, fetch)
         read = count[0]
-    for (s, w), y in zip(keys, outs, strict=True):
-        s.x[w] = s.x[w] + y
+    del normed
+    for h, y in zip(items, outs, strict=True):
+        h.x = h.x + y
+    for (s, w), h in zip(keys, items[: len(keys)], strict=True):
+        s.x[w] = h.x
     return read
 
 
 def _head(
-    source: LayerSource, streams: Sequence[Stream], ids: Tensor, dtypes: list[torch.dtype], chunk: int
+    source: LayerSource,
+    streams: Sequence[Stream],
+    ids: Tensor,
+    dtypes: list[torch.dtype],
+    chunk: int,
+    tasks: TaskStreams | None = None,
 ) -> list[Tensor]:
-    """Final norm, lm_head and the teacher-forced comparison per window and position chunk. Returns the
-    reference's final hidden states (what the MTP layer consumes); frees every stream's."""
+    """Final norm, lm_head and the teacher-forced comparison per window and position chunk (and the task
+    samples' scores). Returns the reference's final hidden states (what the MTP layer consumes); frees
+    every stream's."""
     norms, heads = source.norm(dtypes), source.head(dtypes)
+    if tasks is not None:
+        tasks.head(norms, heads)
     ref, others = streams[0], streams[1:]
     t = ids.shape[1]
     final_ref = []
