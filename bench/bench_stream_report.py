@@ -41,17 +41,18 @@ def _main_layers(r: dict) -> list[dict]:
 def report(results: dict, budget: str, run: dict, bench: dict) -> str:
     lines = [
         f"Run: {run['windows']} windows x {run['context_len']} tokens; streams: bf16 reference + "
-        f"{', '.join(run['schemes'])} (no fp32 noise floor); --memory-budget {budget}; 1 torch thread",
+        f"{', '.join(run['schemes'])} (no fp32 noise floor); --flip-rows {run['flip_rows']}; "
+        f"--memory-budget {budget}; 1 torch thread",
         "",
-        "| checkpoint | size | budget | peak RSS | planned peak | wall | read | cold disk read |",
-        "|---|---|---|---|---|---|---|---|",
+        "| checkpoint | size | budget | peak RSS | planned peak | wall | CPU (user+sys) | read | cold disk read |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for fmt, r in results.items():
         s = r["stream"]
         lines.append(
             f"| {fmt} | {_gb(r['checkpoint_bytes'])} | {s['memory_budget_bytes'] / 2**30:.2f} GiB | "
             f"{s['peak_rss_bytes'] / 2**30:.2f} GiB | {s['plan']['estimated_peak_bytes'] / 2**30:.2f} GiB | "
-            f"{r['wall_seconds']:.0f} s | {_gb(s['bytes_read'])} | {r['disk_read_bytes_per_s'] / 1e9:.2f} GB/s |"
+            f"{r['wall_seconds']:.0f} s | {r.get('cpu_seconds', float('nan')):.0f} s | {_gb(s['bytes_read'])} | {r['disk_read_bytes_per_s'] / 1e9:.2f} GB/s |"
         )
     for fmt, r in results.items():
         lines += [

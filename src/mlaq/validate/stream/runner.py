@@ -30,7 +30,7 @@ from mlaq.model.step import step_positions
 from mlaq.policy import decide_from_dir
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
 from mlaq.validate.metrics import Buckets, divergence
-from mlaq.validate.stream.budget import Plan, current_rss, peak_rss, plan
+from mlaq.validate.stream.budget import Plan, current_rss, peak_rss, plan, return_freed_memory
 from mlaq.validate.stream.layer_exec import moe_groups
 from mlaq.validate.stream.mtp import mtp_stage
 from mlaq.validate.stream.progress import LayerProgress, NullLayerProgress
@@ -92,6 +92,7 @@ def measure_stream(
     ``max_chunk`` caps the attention / head chunk the plan picks (tests: force the chunked path)."""
     progress = progress or NullLayerProgress()
     t0 = time.perf_counter()
+    return_freed_memory()
     source = LayerSource(config.model, load_mtp=None)
     cfg = source.config
     policy = None
