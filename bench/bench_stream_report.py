@@ -116,6 +116,10 @@ def project(results: dict, run: dict, bench: dict, ds: dict) -> str:
     t_mlp = mlp * len(kinds)
     total = t_read + t_prep + t_attn + t_mlp + head_compute
     per_layer = deepseek_v3_layer_bytes("moe", ds)
+    # the run's share of a core: its CPU seconds over its wall seconds (the reads' waits included, so
+    # this overstates the share and understates the unloaded time a little)
+    share = min(1.0, r.get("cpu_seconds", r["wall_seconds"]) / r["wall_seconds"])
+    compute = t_prep + t_attn + t_mlp + head_compute
     return "\n".join(
         [
             "",
@@ -129,5 +133,8 @@ def project(results: dict, run: dict, bench: dict, ds: dict) -> str:
             f"{t_mlp / 60:.0f} min",
             f"- head: {head_compute / 60:.1f} min",
             f"- total: {total / 3600:.1f} h ({total / len(kinds):.0f} s per layer)",
+            f"- on one unloaded core (compute x {share:.2f}, the run's CPU / wall): "
+            f"{(compute * share + t_read) / 3600:.1f} h at this disk, "
+            f"{(compute * share + total_bytes / 3e9) / 3600:.1f} h at 3 GB/s (NVMe)",
         ]
     )

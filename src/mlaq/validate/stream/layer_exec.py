@@ -2,7 +2,9 @@
 the attention split into query chunks so its (T, N, K) scores fit a memory budget.
 
 Each window is one row starting at position 0 (validate's teacher forcing), so the layer's keys are
-exactly the window's own new latent entries and no cache is needed. With ``chunk >= T`` every call
+exactly the window's own new latent entries and no cache is needed; a task sample's tail (its query
+and answer, decoded after its prefilled haystack) attends over the prefix's entries at that layer
+followed by its own, which is what the in-memory cache holds. With ``chunk >= T`` every call
 below is the very call the in-memory model makes (DecoderLayer._attention for the streams,
 MLAttention.forward for the per-layer replay), so the results are bit-identical; smaller chunks run the
 same arithmetic per query row (row-wise softmax, per-token activation scales), only in smaller matmuls.
