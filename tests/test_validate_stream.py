@@ -265,3 +265,17 @@ def test_freed_buffers_go_back_to_the_os(mode, resident) -> None:
     run = subprocess.run([sys.executable, "-c", _FRAGMENT, mode], capture_output=True, text=True, check=True)
     grown_mib = float(run.stdout.strip())
     assert (grown_mib > 150) is resident, grown_mib
+
+
+def test_plan_counts_the_task_suite() -> None:
+    """DeepSeek-V3 attention shapes: the suite's hidden states raise the planned peak, and a budget they
+    do not fit names the size needed and the flags that shrink the suite."""
+    from mlaq.validate.stream.budget import Shape, plan
+
+    base = Shape(7168, 128, 128, 64, 512, 128, 129280, tokens=128, windows=1, stream_bytes=(2, 2), variants=2)
+    suite = dataclasses.replace(base, task_tokens=8192, task_len=4096, task_batch=1, task_hidden=8192 * 2 * 3)
+    args = (2**30, 2**29, 2**28, 2**28)  # baseline, layer, expert and head bytes
+    without, with_tasks = plan(base, 8 * 2**30, *args), plan(suite, 8 * 2**30, *args)
+    assert with_tasks.estimate - without.estimate >= 2 * 7168 * 8192 * 2 * 3
+    with pytest.raises(ValueError, match=r"too small: .* needs at least .*--tasks none"):
+        plan(suite, 2 * 2**30, *args)

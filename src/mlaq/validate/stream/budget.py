@@ -116,7 +116,7 @@ class Shape:
     task_tokens: int = 0  # the task suite's samples (stream/tasks.py task_shape; 0: no suite)
     task_len: int = 0  # the longest sample
     task_batch: int = 0  # the most samples in one batch
-    task_elem: int = 0  # bytes per token and hidden unit of every prefix copy and tail
+    task_hidden: int = 0  # bytes per hidden unit of every prefix copy's and tail's hidden states
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def _streams(s: Shape) -> int:
     """Hidden states of every stream and window and of the task samples, with the layer's transient
     copies (x, x + out), and the task prefixes' latent cache at one layer."""
     windows = sum(2 * s.windows * s.tokens * s.hidden * b for b in s.stream_bytes)
-    tasks = 2 * s.task_tokens * s.hidden * s.task_elem + s.task_tokens * (s.lora + s.rope) * s.task_elem
+    tasks = 2 * s.hidden * s.task_hidden + s.task_tokens * (s.lora + s.rope) * max(s.stream_bytes)
     return windows + tasks
 
 
@@ -175,7 +175,7 @@ def _attention(s: Shape, chunk: int) -> int:
 def _moe(s: Shape) -> int:
     if not s.experts_per_token:
         return 0
-    tokens = s.windows * s.tokens * sum(s.stream_bytes) + s.task_tokens * s.task_elem  # x element bytes
+    tokens = s.windows * s.tokens * sum(s.stream_bytes) + s.task_hidden  # x element bytes
     biggest = max(s.tokens, s.task_batch * s.task_len)
     return tokens * s.hidden * (s.experts_per_token + 2) + biggest * s.moe_intermediate * 4 * 3
 
@@ -227,6 +227,7 @@ def plan(
             f"--memory-budget {gib(budget)} is too small: the {'heaviest layer' if chunk == 0 else 'head'} "
             f"needs at least {gib(need)} ({detail}); give --memory-budget {_round_up(need)} or more, "
             "or fewer --windows / a shorter --context-len / fewer --schemes"
+            + (" / fewer --lengths or --task-samples (or --tasks none)" if s.task_tokens else "")
         )
     layer, head = layer_peak(chunk), head_peak(head_chunk)
     worst = layer if sum(layer.values()) >= sum(head.values()) else head

@@ -153,20 +153,23 @@ class TaskStreams:
 
 def task_shape(drawn, variants: Sequence[Variant], precision: Precision) -> dict[str, int]:
     """What the planner needs to know about the suite (``drawn``: tasks.run.Drawn or None): its tokens,
-    the longest sample, the largest batch, the bytes per token and hidden unit of its hidden states
-    (every prefix copy and every tail, counted at full length: an upper bound)."""
+    the longest sample, the largest batch, and the bytes of its hidden states per hidden unit (every
+    prefix copy over the prefix tokens, every variant's tail over the tail tokens)."""
     if drawn is None:
         return {}
     samples = drawn.samples
-    groups = batches(samples, drawn.suite.batch_tokens)
+    groups = [[samples[i] for i in idx] for idx in batches(samples, drawn.suite.batch_tokens)]
     model = {v: "as-configured" if v.kind is VariantKind.AS_CONFIGURED else v.dtype for v in variants}
     keys = {(model[v], None if precision is Precision.DECODE_ONLY else v.scheme): v.dtype for v in variants}
     size = {v.dtype: torch.empty((), dtype=v.dtype).element_size() for v in variants}
+    prefix = sum(len(g) * min(s.query_start for s in g) for g in groups)
+    tail = sum(s.length for s in samples) - prefix
     return {
         "task_tokens": sum(s.length for s in samples),
         "task_len": max(s.length for s in samples),
         "task_batch": max(len(g) for g in groups),
-        "task_elem": sum(size[d] for d in keys.values()) + sum(size[v.dtype] for v in variants),
+        "task_hidden": prefix * sum(size[d] for d in keys.values())
+        + tail * sum(size[v.dtype] for v in variants),
     }
 
 
