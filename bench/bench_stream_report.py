@@ -41,17 +41,18 @@ def _main_layers(r: dict) -> list[dict]:
 def report(results: dict, budget: str, run: dict, bench: dict) -> str:
     lines = [
         f"Run: {run['windows']} windows x {run['context_len']} tokens; streams: bf16 reference + "
-        f"{', '.join(run['schemes'])} (no fp32 noise floor); --memory-budget {budget}; 1 torch thread",
+        f"{', '.join(run['schemes'])} (no fp32 noise floor); --flip-rows {run['flip_rows']}; "
+        f"--memory-budget {budget}; 1 torch thread",
         "",
-        "| checkpoint | size | budget | peak RSS | planned peak | wall | read | cold disk read |",
-        "|---|---|---|---|---|---|---|---|",
+        "| checkpoint | size | budget | peak RSS | planned peak | wall | CPU (user+sys) | read | cold disk read |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for fmt, r in results.items():
         s = r["stream"]
         lines.append(
             f"| {fmt} | {_gb(r['checkpoint_bytes'])} | {s['memory_budget_bytes'] / 2**30:.2f} GiB | "
             f"{s['peak_rss_bytes'] / 2**30:.2f} GiB | {s['plan']['estimated_peak_bytes'] / 2**30:.2f} GiB | "
-            f"{r['wall_seconds']:.0f} s | {_gb(s['bytes_read'])} | {r['disk_read_bytes_per_s'] / 1e9:.2f} GB/s |"
+            f"{r['wall_seconds']:.0f} s | {r.get('cpu_seconds', float('nan')):.0f} s | {_gb(s['bytes_read'])} | {r['disk_read_bytes_per_s'] / 1e9:.2f} GB/s |"
         )
     for fmt, r in results.items():
         lines += [
@@ -115,6 +116,10 @@ def project(results: dict, run: dict, bench: dict, ds: dict) -> str:
     t_mlp = mlp * len(kinds)
     total = t_read + t_prep + t_attn + t_mlp + head_compute
     per_layer = deepseek_v3_layer_bytes("moe", ds)
+    # the run's share of a core: its CPU seconds over its wall seconds (the reads' waits included, so
+    # this overstates the share and understates the unloaded time a little)
+    share = min(1.0, r.get("cpu_seconds", r["wall_seconds"]) / r["wall_seconds"])
+    compute = t_prep + t_attn + t_mlp + head_compute
     return "\n".join(
         [
             "",
@@ -128,5 +133,8 @@ def project(results: dict, run: dict, bench: dict, ds: dict) -> str:
             f"{t_mlp / 60:.0f} min",
             f"- head: {head_compute / 60:.1f} min",
             f"- total: {total / 3600:.1f} h ({total / len(kinds):.0f} s per layer)",
+            f"- on one unloaded core (compute x {share:.2f}, the run's CPU / wall): "
+            f"{(compute * share + t_read) / 3600:.1f} h at this disk, "
+            f"{(compute * share + total_bytes / 3e9) / 3600:.1f} h at 3 GB/s (NVMe)",
         ]
     )

@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ H, HEADS, Q_LORA, KV_LORA, NOPE, ROPE, V_HEAD = 7168, 128, 1536, 512, 128, 64, 1
 MOE_I, DENSE_I, VOCAB = 2048, 18432, 8192
 BENCH = {"layers": 4, "experts": 16, "per_token": 2}
 DEEPSEEK_V3 = {"layers": 61, "dense": 3, "experts": 256, "per_token": 8, "vocab": 129280, "mtp": 1}
-RUN = {"windows": 1, "context_len": 128, "schemes": ("fp8_per_tensor", "mxfp4")}
+RUN = {"windows": 1, "context_len": 128, "schemes": ("fp8_per_tensor", "mxfp4"), "flip_rows": 0}
 
 
 def config(fmt: str) -> dict:
@@ -234,11 +235,18 @@ def measure_child(path: Path, budget: str, out: Path) -> None:
         context_len=RUN["context_len"],
         windows=RUN["windows"],
         prompt_len=64,
+        flip_rows=RUN["flip_rows"],
     )
     start = time.perf_counter()
     record = StreamSource(cfg, budget, noise_floor=None, layer_progress=PlainLayerProgress()).measure()
     wall = time.perf_counter() - start
-    out.write_text(json.dumps({"wall_seconds": wall, "stream": record.config["stream"]}))
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    result = {
+        "wall_seconds": wall,
+        "cpu_seconds": use.ru_utime + use.ru_stime,
+        "stream": record.config["stream"],
+    }
+    out.write_text(json.dumps(result))
 
 
 def run_one(path: Path, budget: str) -> dict:
@@ -246,7 +254,16 @@ def run_one(path: Path, budget: str) -> dict:
     for f in path.glob("*.safetensors"):
         _evict(f)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--child", str(path), "--budget", budget]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(path),
+        "--budget",
+        budget,
+        "--flip-rows",
+        str(RUN["flip_rows"]),
+    ]
     subprocess.run(cmd, check=True, env=env)
     return json.loads(out.read_text())
 
@@ -259,8 +276,15 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="measure a checkpoint --keep left (no rewrite)")
     parser.add_argument("--layers", type=int, default=BENCH["layers"], help="main layers (smoke runs: fewer)")
+    parser.add_argument(
+        "--flip-rows",
+        type=int,
+        default=0,
+        help="attention flip rows per window and layer (validate's default: 256)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    RUN["flip_rows"] = args.flip_rows
     if args.child:
         measure_child(Path(args.child), args.budget, Path(args.child) / "bench-result.json")
         return 0

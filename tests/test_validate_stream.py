@@ -4,6 +4,7 @@ routed expert once, plans within its budget, and fails cleanly (budget, missing 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 
@@ -13,17 +14,19 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from mlaq.cli import main
+from mlaq.model import Precision
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
 from mlaq.validate.record import Record
 from mlaq.validate.runner import measure
 from mlaq.validate.sources.engine import EngineSource
 from mlaq.validate.sources.stream import StreamSource
 from mlaq.validate.stream import parse_size
+from mlaq.validate.tasks.spec import TaskConfig
 from quant_helpers import quantize_checkpoint
 from validate_helpers import tiny_checkpoint
 
-SMALL = {  # flips are not measured by --stream yet (flip_rows 0 in both)
-    "flip_rows": 0,
+SMALL = {
+    "flip_rows": 32,  # of the window's 64 query rows: a sample, as validate's default takes of long windows
     "context_len": 64,
     "windows": 2,
     "buckets": 4,
@@ -32,6 +35,7 @@ SMALL = {  # flips are not measured by --stream yet (flip_rows 0 in both)
     "max_tokens": 2,
     "num_speculative_tokens": 0,
 }
+TASKS = TaskConfig(tasks=("needle", "vartrack"), lengths=(224, 256), samples=2)
 FP32 = Variant("fp32", VariantKind.REFERENCE, torch.float32, "fp32")
 BUDGET = 8 * 2**30
 
@@ -69,20 +73,35 @@ def _assert_same(engine: Record, stream: Record, rel: float = 1e-6) -> None:
             scale = max(abs(x) for x in flat_a) or 1.0
             worst = max(abs(x - y) for x, y in zip(flat_a, flat_b, strict=True)) / scale
             assert worst <= rel, (a.name, q, worst)
+        assert len(a.tasks) == len(b.tasks), a.name
+        for x, y in zip(a.tasks, b.tasks, strict=True):
+            assert (x.correct, x.token_accuracy) == (y.correct, y.token_accuracy), a.name
+            assert math.isclose(x.logprob, y.logprob, rel_tol=rel), (a.name, x.logprob, y.logprob)
         assert [o.layer for o in a.ops] == [o.layer for o in b.ops]
         for oa, ob in zip(a.ops, b.ops, strict=True):
             for f in ("weight_uk", "weight_uv", "bmm_uk", "bmm_uv"):
                 x, y = getattr(oa, f), getattr(ob, f)
                 assert math.isclose(x, y, rel_tol=rel, abs_tol=1e-12), (a.name, oa.layer, f, x, y)
     assert engine.operands.keys() == stream.operands.keys()
+    assert (engine.tasks is None) == (stream.tasks is None)
+    if engine.tasks is not None:
+        assert engine.tasks.samples == stream.tasks.samples and engine.tasks.config == stream.tasks.config
 
 
 def test_streamed_equals_in_memory_in_fp32(checkpoint) -> None:
-    """The issue's check: identical per-layer errors and KL to 1e-6 relative, fp32 reference."""
-    engine, stream = _both(_config(checkpoint), reference=FP32, noise_floor=None)
+    """The issue's check: identical per-layer errors, KL, attention flips and task scores to 1e-6
+    relative, fp32 reference."""
+    engine, stream = _both(_config(checkpoint, tasks=TASKS), reference=FP32, noise_floor=None)
     _assert_same(engine, stream)
-    kl = stream.candidates[1].positions["kl"]
-    assert sum(map(sum, kl.sums)) > 0  # mxfp4 moves the distribution: the comparison is not vacuous
+    assert len(stream.reference.tasks) == len(stream.tasks.samples) == 8
+    logprobs = [
+        (a.logprob, b.logprob)
+        for a, b in zip(stream.reference.tasks, stream.candidates[1].tasks, strict=True)
+    ]
+    assert any(a != b for a, b in logprobs)  # mxfp4 moves the answers' log-probabilities
+    for q in ("kl", "flip/1", "tv/1"):  # mxfp4 moves them: the comparison is not vacuous
+        assert sum(map(sum, stream.candidates[1].positions[q].sums)) > 0, q
+    assert "flip/2" in stream.candidates[1].positions  # the MTP layer's flips too
     assert [x.layer for x in stream.candidates[0].layers] == [0, 1, 2]  # the MTP layer (2) included
     assert stream.reference.generation is None  # teacher-forced only
 
@@ -92,7 +111,8 @@ def test_streamed_equals_in_memory_bf16_with_noise_floor_and_as_configured(check
     and --as-configured through the policy."""
     cfg = _config(
         checkpoint, as_configured=True, quantization_config='{"targets": {"re:.*kv_b_proj": "mxfp4"}}'
-    )
+    )  # consistent: the naive path (the task prefills) runs each scheme's own weights
+    cfg = dataclasses.replace(cfg, tasks=TASKS, precision=Precision.CONSISTENT)
     engine, stream = _both(cfg)
     _assert_same(engine, stream)
     assert stream.candidates[-1].decisions == engine.candidates[-1].decisions != []
@@ -103,9 +123,10 @@ def test_streamed_equals_in_memory_bf16_with_noise_floor_and_as_configured(check
 
 def test_dsa_and_chunked_attention(tmp_path) -> None:
     """glm_moe_dsa: the indexer's top-k selection runs per layer (full and shared layers); a plan of
-    16 query rows per call (the chunked path a small budget picks) still gives the same numbers."""
+    16 query rows per call (the chunked path a small budget picks) still gives the same numbers, the
+    task samples' tails attending over their prefilled prefix (and its indexer keys) in chunks too."""
     ckpt = tiny_checkpoint(tmp_path / "dsa", "glm_moe_dsa")
-    cfg = _config(ckpt, schemes=("mxfp4",), windows=1)
+    cfg = _config(ckpt, schemes=("mxfp4",), windows=1, tasks=TaskConfig(("needle",), (224,), 2))
     engine, stream = _both(cfg, max_chunk=16)
     assert stream.config["stream"]["plan"]["attention_chunk"] == 16
     # chunked matmuls may round differently from whole-window ones (it has matched exactly here)
@@ -218,3 +239,43 @@ def test_ctrl_c_is_a_clean_stop(checkpoint, tmp_path, monkeypatch, capsys) -> No
         err.strip() == "mlaq validate: interrupted; nothing was written (a previous report stays as it was)"
     )
     assert (out / "report.json").read_bytes() == before
+
+
+_FRAGMENT = """
+import sys, torch
+from mlaq.validate.stream.budget import current_rss, return_freed_memory
+if sys.argv[1] == "fixed":
+    assert return_freed_memory()
+big = torch.ones(2**22)  # 16 MiB: mapped; once freed, glibc raises its mmap threshold to 16 MiB
+del big
+base = current_rss()
+held = [torch.ones(2**21) for _ in range(24)]  # 24 x 8 MiB: from the heap once the threshold rose
+del held[:-1]  # the last one stays: the heap's top cannot be trimmed
+print((current_rss() - base) / 2**20)
+"""
+
+
+@pytest.mark.parametrize(("mode", "resident"), [("default", True), ("fixed", False)])
+def test_freed_buffers_go_back_to_the_os(mode, resident) -> None:
+    """The fragmentation that held a layer's worth of freed memory in a streamed run: by default glibc
+    keeps 23 freed 8 MiB buffers resident; with the fixed mmap threshold only the live one stays."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _FRAGMENT, mode], capture_output=True, text=True, check=True)
+    grown_mib = float(run.stdout.strip())
+    assert (grown_mib > 150) is resident, grown_mib
+
+
+def test_plan_counts_the_task_suite() -> None:
+    """DeepSeek-V3 attention shapes: the suite's hidden states raise the planned peak, and a budget they
+    do not fit names the size needed and the flags that shrink the suite."""
+    from mlaq.validate.stream.budget import Shape, plan
+
+    base = Shape(7168, 128, 128, 64, 512, 128, 129280, tokens=128, windows=1, stream_bytes=(2, 2), variants=2)
+    suite = dataclasses.replace(base, task_tokens=8192, task_len=4096, task_batch=1, task_hidden=8192 * 2 * 3)
+    args = (2**30, 2**29, 2**28, 2**28)  # baseline, layer, expert and head bytes
+    without, with_tasks = plan(base, 8 * 2**30, *args), plan(suite, 8 * 2**30, *args)
+    assert with_tasks.estimate - without.estimate >= 2 * 7168 * 8192 * 2 * 3
+    with pytest.raises(ValueError, match=r"too small: .* needs at least .*--tasks none"):
+        plan(suite, 2 * 2**30, *args)

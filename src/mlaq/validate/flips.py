@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mlaq.model.mla import MLAttention
 from mlaq.model.mla_core import (
     AbsorbedWeights,
     absorbed_scores,
@@ -27,6 +28,7 @@ from mlaq.model.mla_core import (
     masked_softmax,
 )
 from mlaq.validate.capture import LayerInput
+from mlaq.validate.metrics import BucketSums
 
 RETRIEVAL_WEIGHT = 0.5  # a reference top key at least this heavy marks a retrieval-like row
 DEFAULT_ROWS = 256  # query positions sampled per window and layer (evenly spaced, the last included)
@@ -71,16 +73,32 @@ def flip_reference(
     """Project the captured input of layer ``inp.layer`` (the query/key projections do not depend on the
     BMM scheme) and compute the reference's attention weights on ``rows`` sampled query rows."""
     attn = model.model.layers[inp.layer].self_attn
-    proj = attn.project(inp.hidden.to(attn.dtype), inp.positions)
-    keys, valid = assemble_keys(None, None, proj.latent, inp.positions)  # (1, K, L+R), (1, K)
     r = sample_rows(inp.hidden.shape[1], rows)  # (R,)
-    key_mask = None if inp.key_mask is None else inp.key_mask[:, r]
-    mask = attention_mask(inp.positions[:, r], valid, key_mask)  # (1, R, K)
+    return reference_rows(attn, inp.layer, inp.hidden, inp.positions, inp.key_mask, reference, r)
+
+
+@torch.no_grad()
+def reference_rows(
+    attn: MLAttention,
+    layer: int,
+    hidden: Tensor,
+    positions: Tensor,
+    key_mask: Tensor | None,
+    reference: AbsorbedWeights,
+    r: Tensor,
+) -> FlipReference:
+    """:func:`flip_reference` on the query rows ``r`` (R,) of layer ``layer``'s attention ``attn``, from
+    its input ``hidden`` (1, T, H) at ``positions`` (1, T) with the DSA selection ``key_mask`` (1, T, K)
+    (a layer-streamed run passes the sample a few rows at a time, to bound the (N, R, K) weights)."""
+    proj = attn.project(hidden.to(attn.dtype), positions)
+    keys, valid = assemble_keys(None, None, proj.latent, positions)  # (1, K, L+R), (1, K)
+    rows_mask = None if key_mask is None else key_mask[:, r]
+    mask = attention_mask(positions[:, r], valid, rows_mask)  # (1, R, K)
     q_nope, q_pe = proj.q_nope[:, r], proj.q_pe[:, r]  # (1, R, N, P), (1, R, N, R')
     weights = _weights(q_nope, q_pe, keys, mask, reference, attn.softmax_scale)  # (N, R, K)
     top = weights.max(-1)
     return FlipReference(
-        inp.layer, q_nope, q_pe, keys, mask, attn.softmax_scale, top.values, top.indices, weights
+        layer, q_nope, q_pe, keys, mask, attn.softmax_scale, top.values, top.indices, weights
     )
 
 
@@ -91,12 +109,26 @@ def attention_flips(model: torch.nn.Module, ref: FlipReference) -> FlipRows:
     variant = model.model.layers[ref.layer].self_attn.absorbed
     if variant is None:
         raise ValueError(f"layer {ref.layer}: absorbed BMM weights are not prepared")
+    return compare(ref, variant)
+
+
+@torch.no_grad()
+def compare(ref: FlipReference, variant: AbsorbedWeights) -> FlipRows:
+    """The reference's rows against the same rows under ``variant``'s BMM #1 weights."""
     # float32 weights, unrounded: bf16-rounded weights tie often in diffuse rows, and a tie broken
     # the other way is not a flip of the score order
     weights = _weights(ref.q_nope, ref.q_pe, ref.keys, ref.mask, variant, ref.scale)  # (N, R, K)
     flipped = weights.argmax(-1) != ref.top_key
     tv = 0.5 * (weights.double() - ref.weights.double()).abs().sum(-1)
     return FlipRows(ref.mask[0].sum(-1), flipped, tv, ref.top_weight >= RETRIEVAL_WEIGHT)
+
+
+def add_flips(sums: BucketSums, layer: int, f: FlipRows) -> None:
+    """Flip figures bucketed by the number of keys each row competes over (keys - 1 as a position)."""
+    where = (f.keys - 1).expand_as(f.flipped)  # (N, R)
+    sums.add(f"flip/{layer}", where, f.flipped.double())
+    sums.add(f"tv/{layer}", where, f.tv)
+    sums.add(f"flip_retrieval/{layer}", where[f.retrieval], f.flipped[f.retrieval].double())
 
 
 def _weights(

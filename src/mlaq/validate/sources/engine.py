@@ -25,7 +25,7 @@ from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.policy import decide_from_dir
 from mlaq.validate.capture import LayerInput, attention_output, capture_reference
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
-from mlaq.validate.flips import FlipReference, attention_flips, flip_reference
+from mlaq.validate.flips import FlipReference, add_flips, attention_flips, flip_reference
 from mlaq.validate.generation import generate
 from mlaq.validate.metrics import Buckets, BucketSums, PositionDivergence, divergence, relative_error_terms
 from mlaq.validate.progress import NullProgress, Progress
@@ -40,7 +40,6 @@ from mlaq.validate.record import (
 )
 from mlaq.validate.sources import common
 from mlaq.validate.tasks import run as tasks
-from mlaq.validate.tasks.haystack import Haystack
 from mlaq.validate.text import load_eval_text
 from mlaq.validate.theory import op_errors, operand_stats
 from mlaq.validate.variants import ModelPool, scheme_descriptions
@@ -117,16 +116,14 @@ class EngineSource:
             seed=config.seed,
         )
         buckets = Buckets(context, min(config.buckets, context))
-        suite = samples = None
-        skipped: list[str] = []
+        drawn = None
         if config.tasks is not None:  # drawn now: a bad length or haystack fails before the model work
-            suite = tasks.resolve(config.tasks, model_config.max_position_embeddings, str(config.model))
-            haystack = Haystack(str(data.path), data.tokens)
-            samples, skipped = tasks.draw(
-                suite,
-                haystack,
+            drawn = tasks.draw_suite(
+                config.tasks,
+                model_config.max_position_embeddings,
+                str(config.model),
+                data,
                 lambda text: tokenizer.encode(text, add_special_tokens=False),
-                explicit=config.tasks.lengths is not None,
             )
         candidates = config.variants(reference)
         others = ([self.noise_floor] if self.noise_floor is not None else []) + list(candidates)
@@ -141,7 +138,7 @@ class EngineSource:
         windows = data.windows()
         task_variants = [reference, *candidates]  # the fp32 noise floor would need its own prefill
         progress.begin(
-            len(windows) * (1 + len(others)) + 1 + len(others) + (len(task_variants) if samples else 0)
+            len(windows) * (1 + len(others)) + 1 + len(others) + (len(task_variants) if drawn else 0)
         )
         ok = False
         try:
@@ -180,9 +177,11 @@ class EngineSource:
                 )
                 runs[v].seconds += time.perf_counter() - start
             timings["generation"] = time.perf_counter() - t2
-            if samples:
+            if drawn is not None:
                 t3 = time.perf_counter()
-                scores = tasks.score(samples, suite, pool, task_variants, config.precision, progress)
+                scores = tasks.score(
+                    drawn.samples, drawn.suite, pool, task_variants, config.precision, progress
+                )
                 for v, sc in scores.items():
                     runs[v].tasks = sc
                 timings["tasks"] = time.perf_counter() - t3
@@ -205,9 +204,7 @@ class EngineSource:
             operands={str(k): v for k, v in sorted(operands.items())},
             timings=timings,
             source=self.name,
-            tasks=None
-            if samples is None
-            else tasks.suite_record(suite, haystack, samples, skipped, timings.get("tasks", 0.0)),
+            tasks=None if drawn is None else drawn.record(timings.get("tasks", 0.0)),
         )
 
 
@@ -294,13 +291,8 @@ def _add_layer_errors(
 
 
 def _add_flips(sums: BucketSums, model: torch.nn.Module, refs: Sequence[FlipReference]) -> None:
-    """Flip figures bucketed by the number of keys each row competes over (keys - 1 as a position)."""
     for ref in refs:
-        f = attention_flips(model, ref)
-        where = (f.keys - 1).expand_as(f.flipped)  # (N, R)
-        sums.add(f"flip/{ref.layer}", where, f.flipped.double())
-        sums.add(f"tv/{ref.layer}", where, f.tv)
-        sums.add(f"flip_retrieval/{ref.layer}", where[f.retrieval], f.flipped[f.retrieval].double())
+        add_flips(sums, ref.layer, attention_flips(model, ref))
 
 
 def _absorbed(model: torch.nn.Module, layers: Sequence[LayerInput]) -> dict[int, AbsorbedWeights]:

@@ -2,7 +2,8 @@
 
 The checkpoint is read one layer (and one routed expert) at a time within a memory budget
 (mlaq.validate.stream); the record holds the same teacher-forced measurements as the engine source —
-per-layer attention error, KL / top-1 / ΔNLL by position, per-op BMM error — and no free generation
+per-layer attention error, KL / top-1 / ΔNLL by position, per-op BMM error, the attention flip rate, the
+task suite's answers scored teacher-forced (exact match and log-probability) — and no free generation
 (it would need every layer for every generated token): ``config["stream"]`` says so, and carries the
 plan, the peak resident set, and the bytes read and seconds spent per layer.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
 from mlaq.validate.progress import Progress
-from mlaq.validate.record import LayerRef, OpRecord, Record, VariantRecord
+from mlaq.validate.record import LayerRef, OpRecord, Record, TaskScoreRecord, VariantRecord
 from mlaq.validate.sources import common
 from mlaq.validate.stream.budget import parse_size
 from mlaq.validate.stream.progress import LayerProgress
@@ -59,8 +60,11 @@ class StreamSource:
         return to_record(m)
 
 
-def _variant(s: Stream, decisions: list[dict[str, Any]]) -> VariantRecord:
+def _variant(s: Stream, m: StreamMeasurement) -> VariantRecord:
     v = s.variant
+    tasks = []
+    if m.tasks is not None and v in m.tasks.scores:  # the suite runs the reference and candidates
+        tasks = [TaskScoreRecord(x.correct, x.logprob, x.token_accuracy) for x in m.tasks.results(v)]
     return VariantRecord(
         name=v.name,
         kind=v.kind.value,
@@ -72,8 +76,9 @@ def _variant(s: Stream, decisions: list[dict[str, Any]]) -> VariantRecord:
             OpRecord(o.layer, o.weight_uk, o.weight_uv, o.act_uk, o.act_uv, o.bmm_uk, o.bmm_uv) for o in s.ops
         ],
         generation=None,
-        decisions=decisions if v.kind is VariantKind.AS_CONFIGURED else [],
+        decisions=m.decisions if v.kind is VariantKind.AS_CONFIGURED else [],
         seconds=s.seconds,
+        tasks=tasks,
     )
 
 
@@ -104,10 +109,11 @@ def to_record(m: StreamMeasurement) -> Record:
         seed=m.config.seed,
         versions=common.versions(),
         buckets=[list(r) for r in m.buckets.ranges()],
-        reference=_variant(ref, m.decisions),
-        noise_floor=None if floor is None else _variant(floor, m.decisions),
-        candidates=[_variant(s, m.decisions) for s in candidates],
+        reference=_variant(ref, m),
+        noise_floor=None if floor is None else _variant(floor, m),
+        candidates=[_variant(s, m) for s in candidates],
         operands={str(k): v for k, v in sorted(m.operands.items())},
         timings=dict(m.timings),
         source=StreamSource.name,
+        tasks=None if m.drawn is None else m.drawn.record(m.timings.get("tasks", 0.0)),
     )

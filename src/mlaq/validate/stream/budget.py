@@ -10,6 +10,8 @@ and reported beside the budget.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import re
 import resource
 from dataclasses import dataclass
@@ -54,6 +56,28 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+MMAP_THRESHOLD = 2**20  # allocations from 1 MiB up get their own mapping, returned to the OS when freed
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+
+
+def return_freed_memory() -> bool:
+    """Make glibc's malloc give every freed buffer of ``MMAP_THRESHOLD`` bytes or more back to the OS.
+
+    By default glibc raises its mmap threshold to the size of each mapped block freed (up to 32 MiB):
+    after the first layer's weights are released, buffers of up to 32 MiB come from the heap instead,
+    where freed ones stay resident (fragmentation), and the resident set of a streamed run creeps a
+    layer's worth above what it holds. A fixed threshold turns the adjustment off. Called once per
+    streamed run (not at import); a no-op (False) where the C library is not glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
 def current_rss() -> int:
     """The process's resident set now, bytes (Linux /proc; the peak as a fallback elsewhere)."""
     try:
@@ -89,6 +113,10 @@ class Shape:
     index_heads: int = 0  # DSA indexer heads (0: no indexer)
     experts_per_token: int = 0
     moe_intermediate: int = 0
+    task_tokens: int = 0  # the task suite's samples (stream/tasks.py task_shape; 0: no suite)
+    task_len: int = 0  # the longest sample
+    task_batch: int = 0  # the most samples in one batch
+    task_hidden: int = 0  # bytes per hidden unit of every prefix copy's and tail's hidden states
 
 
 @dataclass(frozen=True)
@@ -112,8 +140,24 @@ class Plan:
 
 
 def _streams(s: Shape) -> int:
-    """Hidden states of every stream and window, with the layer's transient copies (x, x + out)."""
-    return sum(2 * s.windows * s.tokens * s.hidden * b for b in s.stream_bytes)
+    """Hidden states of every stream and window and of the task samples, with the layer's transient
+    copies (x, x + out), and the task prefixes' latent cache at one layer."""
+    windows = sum(2 * s.windows * s.tokens * s.hidden * b for b in s.stream_bytes)
+    tasks = 2 * s.hidden * s.task_hidden + s.task_tokens * (s.lora + s.rope) * max(s.stream_bytes)
+    return windows + tasks
+
+
+def _task_attention(s: Shape, chunk: int) -> int:
+    """One batch of task samples through one attention call: projections, the naive path's decompressed
+    keys and values, the scores of a query chunk."""
+    if not s.task_tokens:
+        return 0
+    t, n, b = s.task_len, s.heads, max(s.stream_bytes)
+    proj = t * n * (s.qk_nope + 2 * s.rope) * b * 3 + t * (s.lora + s.rope) * 4
+    naive = t * n * (s.qk_nope + s.v_head) * b * 2
+    scores = 5 * n * min(chunk, t) * t * 4
+    index = 3 * min(chunk, t) * s.index_heads * t * 4 if s.index_heads else 0
+    return s.task_batch * (proj + naive + scores + index + t * t + t * s.hidden * 4)
 
 
 def _attention(s: Shape, chunk: int) -> int:
@@ -124,14 +168,16 @@ def _attention(s: Shape, chunk: int) -> int:
     index = 3 * chunk * s.index_heads * t * 4 if s.index_heads else 0
     masks = s.windows * len(s.stream_bytes) * t * t if s.index_heads else t * t  # bool
     capture = s.windows * t * s.hidden * (4 + b) + n * t * (s.qk_nope + s.lora) * 4  # ref in/out, BMM inputs
-    return proj + scores + bmm + index + masks + capture
+    flips = n * chunk * t * (4 * 3 + 8 * 3)  # both rows' weights (fp32), their float64 difference
+    return max(proj + scores + bmm + index + masks + capture + flips, _task_attention(s, chunk))
 
 
 def _moe(s: Shape) -> int:
     if not s.experts_per_token:
         return 0
-    groups = s.windows * sum(s.stream_bytes)
-    return groups * s.tokens * s.hidden * (s.experts_per_token + 2) + s.tokens * s.moe_intermediate * 4 * 3
+    tokens = s.windows * s.tokens * sum(s.stream_bytes) + s.task_hidden  # x element bytes
+    biggest = max(s.tokens, s.task_batch * s.task_len)
+    return tokens * s.hidden * (s.experts_per_token + 2) + biggest * s.moe_intermediate * 4 * 3
 
 
 def _head(s: Shape, chunk: int) -> int:
@@ -170,7 +216,8 @@ def plan(
             "logits workspace": int(SLACK * _head(s, chunk)),
         }
 
-    cap = s.tokens if max_chunk is None else max(1, min(max_chunk, s.tokens))
+    longest = max(s.tokens, s.task_len)  # a chunk this long runs every attention call whole
+    cap = longest if max_chunk is None else max(1, min(max_chunk, longest))
     chunk, head_chunk = _fit(cap, layer_peak, budget), _fit(cap, head_peak, budget)
     if chunk == 0 or head_chunk == 0:
         parts = layer_peak(1) if chunk == 0 else head_peak(1)
@@ -180,6 +227,7 @@ def plan(
             f"--memory-budget {gib(budget)} is too small: the {'heaviest layer' if chunk == 0 else 'head'} "
             f"needs at least {gib(need)} ({detail}); give --memory-budget {_round_up(need)} or more, "
             "or fewer --windows / a shorter --context-len / fewer --schemes"
+            + (" / fewer --lengths or --task-samples (or --tasks none)" if s.task_tokens else "")
         )
     layer, head = layer_peak(chunk), head_peak(head_chunk)
     worst = layer if sum(layer.values()) >= sum(head.values()) else head

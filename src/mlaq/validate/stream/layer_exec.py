@@ -2,7 +2,9 @@
 the attention split into query chunks so its (T, N, K) scores fit a memory budget.
 
 Each window is one row starting at position 0 (validate's teacher forcing), so the layer's keys are
-exactly the window's own new latent entries and no cache is needed. With ``chunk >= T`` every call
+exactly the window's own new latent entries and no cache is needed; a task sample's tail (its query
+and answer, decoded after its prefilled haystack) attends over the prefix's entries at that layer
+followed by its own, which is what the in-memory cache holds. With ``chunk >= T`` every call
 below is the very call the in-memory model makes (DecoderLayer._attention for the streams,
 MLAttention.forward for the per-layer replay), so the results are bit-identical; smaller chunks run the
 same arithmetic per query row (row-wise softmax, per-token activation scales), only in smaller matmuls.
@@ -29,8 +31,10 @@ from mlaq.model.step import StepPositions
 
 @dataclass(frozen=True)
 class AttentionResult:
-    out: Tensor  # (1, T, H) attention output (o_proj's), compute dtype
-    key_mask: Tensor | None  # (1, T, T) bool DSA selection this layer made, None without an indexer
+    out: Tensor  # (B, T, H) attention output (o_proj's), compute dtype
+    key_mask: Tensor | None  # (B, T, K) bool DSA selection this layer made, None without an indexer
+    keys: Tensor  # (B, K, L+R) the latent keys attended over: the layer's cache after this call
+    index_keys: Tensor | None  # (B, K, D) the DSA indexer's keys likewise (None without an indexer)
 
 
 def _spans(t: int, chunk: int) -> list[tuple[int, int]]:
@@ -39,32 +43,45 @@ def _spans(t: int, chunk: int) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def attention(
-    layer: DecoderLayer, h: Tensor, step: StepPositions, shared_key_mask: Tensor | None, chunk: int
+    layer: DecoderLayer,
+    h: Tensor,
+    step: StepPositions,
+    shared_key_mask: Tensor | None,
+    chunk: int,
+    *,
+    path: AttnPath = AttnPath.ABSORBED,
+    prior: AttentionResult | None = None,
 ) -> AttentionResult:
-    """``layer``'s attention on its normed input h (1, T, H) at ``step`` (positions 0..T-1), as
-    DecoderLayer._attention computes it on an empty cache (absorbed path)."""
+    """``layer``'s attention on its normed input h (B, T, H) at ``step`` as DecoderLayer._attention
+    computes it. Without ``prior`` the cache is empty (positions 0..T-1); with it, the cache holds
+    ``prior.keys`` (and ``prior.index_keys``) for positions 0..S-1 and ``step`` starts at S (a task
+    sample's query and answer decoded after its prefilled haystack)."""
     attn = layer.self_attn
     t = h.shape[1]
     proj = attn.project(h, step.positions, (step.cos, step.sin))
-    keys = proj.latent  # (1, T, L+R): an empty cache written at positions 0..T-1 holds exactly these
-    key_mask = None
+    # the cache written at the step's positions: exactly the prior entries followed by the new ones
+    keys = proj.latent if prior is None else torch.cat((prior.keys, proj.latent), dim=1)  # (B, K, L+R)
+    key_mask = index_keys = None
     indexer = layer.indexer
     if indexer is not None:
         assert proj.q_latent is not None
-        index_keys = indexer.keys(h, step.positions)  # (1, T, D)
-        visible = step.visible()  # (1, T, T)
+        index_keys = indexer.keys(h, step.positions)  # (B, T, D)
+        if prior is not None:
+            assert prior.index_keys is not None
+            index_keys = torch.cat((prior.index_keys, index_keys), dim=1)  # (B, K, D)
+        visible = step.visible()  # (B, T, K)
         parts = []
         for a, b in _spans(t, chunk):
             scores = indexer.scores(h[:, a:b], proj.q_latent[:, a:b], step.positions[:, a:b], index_keys)
-            parts.append(indexer.select(scores, visible[:, a:b]))  # (1, b-a, T)
+            parts.append(indexer.select(scores, visible[:, a:b]))  # (B, b-a, K)
         key_mask = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     elif layer.indexer_kind is IndexerKind.SHARED:
         if shared_key_mask is None:
             raise ValueError(f"layer {layer.layer} shares DSA top-k but no earlier layer computed one")
         key_mask = shared_key_mask
     mask = step.with_key_mask(key_mask)
-    out = _attend_chunks(attn, proj.q_nope, proj.q_pe, keys, mask, chunk)
-    return AttentionResult(out, key_mask)
+    out = _attend_chunks(attn, proj.q_nope, proj.q_pe, keys, mask, chunk, path)
+    return AttentionResult(out, key_mask, keys, index_keys)
 
 
 @torch.no_grad()
@@ -75,20 +92,24 @@ def replay(layer: DecoderLayer, h: Tensor, positions: Tensor, key_mask: Tensor |
     proj = attn.project(h.to(attn.dtype), positions)  # RoPE angles from positions, as forward does
     valid = torch.ones(positions.shape, dtype=torch.bool)  # every key 0..T-1 is a new entry
     mask = attention_mask(positions, valid, key_mask)
-    return _attend_chunks(attn, proj.q_nope, proj.q_pe, proj.latent, mask, chunk)[0].float()
+    return _attend_chunks(attn, proj.q_nope, proj.q_pe, proj.latent, mask, chunk, AttnPath.ABSORBED)[
+        0
+    ].float()
 
 
 def _attend_chunks(
-    attn, q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, chunk: int
+    attn, q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, chunk: int, path: AttnPath
 ) -> Tensor:
-    """attend() per query chunk; a chunk ending at query b sees keys 0..b-1 only (causality)."""
+    """attend() per query chunk; a chunk ending at query b sees keys 0..S+b-1 only (causality; S: the
+    keys before the first query)."""
     t = q_nope.shape[1]
     if chunk >= t:
-        return attn.attend(q_nope, q_pe, keys, mask, AttnPath.ABSORBED)
+        return attn.attend(q_nope, q_pe, keys, mask, path)
     if mask is None:
         raise ValueError("chunked attention needs the causal mask")
+    s = keys.shape[1] - t
     parts = [
-        attn.attend(q_nope[:, a:b], q_pe[:, a:b], keys[:, :b], mask[:, a:b, :b], AttnPath.ABSORBED)
+        attn.attend(q_nope[:, a:b], q_pe[:, a:b], keys[:, : s + b], mask[:, a:b, : s + b], path)
         for a, b in _spans(t, chunk)
     ]
     return torch.cat(parts, dim=1)

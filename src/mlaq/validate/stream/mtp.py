@@ -27,6 +27,7 @@ def mtp_stage(
     operands: dict[int, dict[str, float]],
     chunk: int,
     fetch_mlp,
+    flip_rows: int = 0,
 ) -> tuple[list[Tensor], int]:
     """MTP layer ``index`` (``shift`` tokens ahead) on the reference's hidden states (1, T', H) per
     window -> its output hidden states (what the next MTP layer consumes) and the experts read."""
@@ -51,7 +52,17 @@ def mtp_stage(
     # the reference's MTP pass keeps its own hidden states; its measurements land in the reference
     mtp_ref = Stream(ref.variant, xs, [None] * len(xs), ref.sums, ref.layers, ref.ops, ref.descriptions)
     attention_stage(
-        index, True, layer.modules, prepare, mtp_ref, others, step, chunk, operands, run_others=False
+        index,
+        True,
+        layer.modules,
+        prepare,
+        mtp_ref,
+        others,
+        step,
+        chunk,
+        operands,
+        run_others=False,
+        flip_rows=flip_rows,
     )
     experts = fetch_mlp(index, layer.modules, [mtp_ref])
     return mtp_ref.x, experts

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any, Protocol
 
+from mlaq.validate.stream.budget import peak_rss
+
 
 class LayerProgress(Protocol):
     def begin(self, layers: int, total_bytes: int) -> None: ...
@@ -51,7 +53,7 @@ class PlainLayerProgress:
         w = len(str(self.layers))
         print(
             f"validate --stream [{done_layers:>{w}}/{self.layers}] {_size(bytes_read)} / {_size(self.total)} "
-            f"read, {elapsed:.0f} s, ETA {eta:.0f} s  {description}",
+            f"read, {elapsed:.0f} s, ETA {eta:.0f} s, peak RSS {peak_rss() / 2**30:.2f} GiB  {description}",
             file=self.stream,
             flush=True,
         )

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from mlaq.engine.tokenizer import Tokenizer
@@ -29,13 +28,15 @@ from mlaq.model.rope import RopeTable
 from mlaq.model.step import step_positions
 from mlaq.policy import decide_from_dir
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
-from mlaq.validate.metrics import Buckets, divergence
-from mlaq.validate.stream.budget import Plan, current_rss, peak_rss, plan
-from mlaq.validate.stream.layer_exec import moe_groups
+from mlaq.validate.metrics import Buckets
+from mlaq.validate.stream.budget import Plan, current_rss, peak_rss, plan, return_freed_memory
 from mlaq.validate.stream.mtp import mtp_stage
 from mlaq.validate.stream.progress import LayerProgress, NullLayerProgress
 from mlaq.validate.stream.sizes import shape_and_sizes
+from mlaq.validate.stream.stages import embedded, head_stage, mlp_stage
 from mlaq.validate.stream.streams import Stream, attention_stage
+from mlaq.validate.stream.tasks import TaskStreams, task_shape
+from mlaq.validate.tasks.run import Drawn, draw_suite
 from mlaq.validate.text import EvalData, load_eval_text
 
 
@@ -69,6 +70,8 @@ class StreamMeasurement:
     operands: dict[int, dict[str, float]]
     decisions: list[dict[str, Any]]
     plan: Plan
+    tasks: TaskStreams | None = None  # the long-context suite's samples, scored at the head
+    drawn: Drawn | None = None
     layer_stats: list[LayerStat] = field(default_factory=list)
     bytes_read: int = 0
     peak_rss: int = 0
@@ -88,35 +91,63 @@ def measure_stream(
     ``max_chunk`` caps the attention / head chunk the plan picks (tests: force the chunked path)."""
     progress = progress or NullLayerProgress()
     t0 = time.perf_counter()
+    return_freed_memory()
     source = LayerSource(config.model, load_mtp=None)
     cfg = source.config
     policy = None
     if config.as_configured:  # a bad --quantization-config fails now, before any layer is read
         policy = decide_from_dir(config.model, config.settings, config.quantization_config, log=False)
     context = config.resolve_context(cfg.max_position_embeddings)
+    tokenizer = Tokenizer.from_dir(config.model)
     data = load_eval_text(
         config.eval_text,
-        Tokenizer.from_dir(config.model),
+        tokenizer,
         context_len=context,
         windows=config.windows,
         prompts=config.prompts,
         prompt_len=min(config.prompt_len, context - 1),
         seed=config.seed,
     )
+    drawn = None
+    if config.tasks is not None:  # drawn now: a bad length or haystack fails before any layer is read
+        drawn = draw_suite(
+            config.tasks,
+            cfg.max_position_embeddings,
+            str(config.model),
+            data,
+            lambda text: tokenizer.encode(text, add_special_tokens=False),
+        )
     buckets = Buckets(context, min(config.buckets, context))
     variants = [reference, *([noise_floor] if noise_floor else []), *config.variants(reference)]
     dtypes = list(dict.fromkeys(v.dtype for v in variants))
     windows = data.windows()
-    shape, sizes = shape_and_sizes(source, variants, len(windows), context)
+    task_variants = [reference, *config.variants(reference)]  # as the engine: no fp32 noise floor
+    shape, sizes = shape_and_sizes(
+        source, variants, len(windows), context, task_shape(drawn, task_variants, config.precision)
+    )
     the_plan = plan(shape, budget, current_rss(), sizes.layer, sizes.expert, sizes.head, max_chunk)
     ids = torch.cat(windows)  # (W, T)
     streams = _embed(source, variants, windows, ids, buckets)
     ref, others = streams[0], streams[1:]
-    step = step_positions((0,), context, RopeTable(source.mla_config.rope))
+    rope = RopeTable(source.mla_config.rope)
+    step = step_positions((0,), context, rope)
+    tasks = None
+    if drawn is not None:
+        task_dtypes = list(dict.fromkeys(v.dtype for v in task_variants))
+        tasks = TaskStreams(
+            drawn.samples,
+            task_variants,
+            config.precision,
+            drawn.suite.batch_tokens,
+            rope,
+            lambda task_ids: embedded(source, task_ids, task_dtypes),
+        )
     operands: dict[int, dict[str, float]] = {}
     out = StreamMeasurement(
         config, data, buckets, source, streams, noise_floor is not None, operands, [], the_plan
     )
+    out.tasks, out.drawn = tasks, drawn
+    task_seconds = 0.0
     if policy is not None:
         out.decisions = [d.to_json() for d in policy.layers]
     n_main = cfg.num_hidden_layers
@@ -130,11 +161,28 @@ def measure_stream(
             t_weights = time.perf_counter()
             prepare = _preparer(layer, policy, config)
             progress.update(i, source.bytes_read, f"layer {i}: attention")
-            attention_stage(i, False, layer.modules, prepare, ref, others, step, the_plan.chunk, operands)
+            attention_stage(
+                i,
+                False,
+                layer.modules,
+                prepare,
+                ref,
+                others,
+                step,
+                the_plan.chunk,
+                operands,
+                flip_rows=config.flip_rows,
+            )
+            if tasks is not None:
+                progress.update(i, source.bytes_read, f"layer {i}: task samples")
+                t_tasks = time.perf_counter()
+                tasks.attention(layer.modules, prepare, the_plan.chunk)
+                task_seconds += time.perf_counter() - t_tasks
             t_attn = time.perf_counter()
             progress.update(i, source.bytes_read, f"layer {i}: MLP")
             clock = [0.0]
-            experts = _mlp(source, i, layer.modules, streams, clock)
+            extra = [] if tasks is None else tasks.hidden(prefixes=i < n_main - 1)
+            experts = mlp_stage(source, i, layer.modules, streams, clock, extra)
             del layer, prepare
             end = time.perf_counter()
             _stat(
@@ -153,7 +201,7 @@ def measure_stream(
             )
         progress.update(n_main, source.bytes_read, "final norm and head: KL, top-1, ΔNLL")
         start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
-        final = _head(source, streams, ids, dtypes, the_plan.head_chunk)
+        final = head_stage(source, streams, ids, dtypes, the_plan.head_chunk, tasks)
         _stat(
             out,
             LayerStat(
@@ -181,7 +229,8 @@ def measure_stream(
                 streams,
                 operands,
                 the_plan.chunk,
-                lambda index, modules, ss: _mlp(source, index, modules, ss),
+                lambda index, modules, ss: mlp_stage(source, index, modules, ss),
+                config.flip_rows,
             )
             _stat(
                 out,
@@ -200,6 +249,8 @@ def measure_stream(
     out.bytes_read = source.bytes_read
     out.peak_rss = peak_rss()
     out.timings = {"total": time.perf_counter() - t0}
+    if tasks is not None:
+        out.timings["tasks"] = task_seconds
     return out
 
 
@@ -232,64 +283,3 @@ def _preparer(layer: StreamedLayer, policy, config: ValidateConfig) -> Callable[
         return attn.absorbed
 
     return prepare
-
-
-def _mlp(
-    source: LayerSource, index: int, modules, streams: Sequence[Stream], clock: list[float] | None = None
-) -> int:
-    """Post-attention norm and MLP for every stream and window; returns the routed experts read."""
-    keys = [(s, w) for s in streams for w in range(len(s.x))]
-    normed = [modules[s.variant.dtype].post_attention_layernorm(s.x[w]) for s, w in keys]
-    if not source.is_moe(index):
-        outs = [modules[s.variant.dtype].mlp(h) for (s, _), h in zip(keys, normed, strict=True)]
-        read = 0
-    else:
-        count = [0]
-
-        def fetch(expert: int, dtypes: set[torch.dtype]):
-            count[0] += 1
-            start = time.perf_counter()
-            modules = source.expert(index, expert, sorted(dtypes, key=str))
-            if clock is not None:
-                clock[0] += time.perf_counter() - start
-            return modules
-
-        mlps = [modules[s.variant.dtype].mlp for s, _ in keys]
-        outs = moe_groups(mlps, normed, fetch)
-        read = count[0]
-    for (s, w), y in zip(keys, outs, strict=True):
-        s.x[w] = s.x[w] + y
-    return read
-
-
-def _head(
-    source: LayerSource, streams: Sequence[Stream], ids: Tensor, dtypes: list[torch.dtype], chunk: int
-) -> list[Tensor]:
-    """Final norm, lm_head and the teacher-forced comparison per window and position chunk. Returns the
-    reference's final hidden states (what the MTP layer consumes); frees every stream's."""
-    norms, heads = source.norm(dtypes), source.head(dtypes)
-    ref, others = streams[0], streams[1:]
-    t = ids.shape[1]
-    final_ref = []
-    for w in range(ids.shape[0]):
-        hidden = {s.variant: norms[s.variant.dtype](s.x[w]) for s in streams}  # (1, T, H)
-        final_ref.append(hidden[ref.variant])
-        for a in range(0, t, chunk):
-            b = min(a + chunk, t)
-            e = min(b + 1, t)  # one row more: the NLL of row b-1 needs target b, and KL counts [a, b)
-            targets = ids[w, a + 1 : e]
-            ref_lp = torch.log_softmax(
-                F.linear(hidden[ref.variant][0, a:e], heads[ref.variant.dtype]).float(), dim=-1
-            )
-            pos = torch.arange(a, b)
-            nll = -ref_lp[: len(targets)].gather(1, targets[:, None])[:, 0]
-            ref.sums[w].add("nll", torch.arange(a, a + len(targets)), nll)
-            for s in others:
-                logits = F.linear(hidden[s.variant][0, a:e], heads[s.variant.dtype]).float()
-                d = divergence(ref_lp, logits, targets)
-                s.sums[w].add("kl", pos, d.kl[: b - a])
-                s.sums[w].add("top1", pos, d.top1[: b - a])
-                s.sums[w].add("nll_delta", torch.arange(a, a + len(targets)), d.nll_delta)
-        for s in streams:
-            s.x[w] = s.x[w][:, :0]  # the hidden states are no longer needed
-    return final_ref

@@ -53,8 +53,13 @@ def _group(source: LayerSource, names: Sequence[str], dtype_bytes: tuple[int, ..
 
 
 def shape_and_sizes(
-    source: LayerSource, variants: Sequence[Variant], windows: int, tokens: int
+    source: LayerSource,
+    variants: Sequence[Variant],
+    windows: int,
+    tokens: int,
+    tasks: dict[str, int] | None = None,
 ) -> tuple[Shape, Sizes]:
+    """``tasks``: the suite's part of the shape (stream/tasks.py ``task_shape``)."""
     cfg, mla = source.config, source.mla_config
     dtype_bytes = tuple(_elem(d) for d in dict.fromkeys(v.dtype for v in variants))
     kv_b = cfg.num_attention_heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank
@@ -95,5 +100,6 @@ def shape_and_sizes(
         index_heads=cfg.indexer.n_heads if cfg.indexer is not None else 0,
         experts_per_token=moe.num_experts_per_tok if moe is not None else 0,
         moe_intermediate=moe.moe_intermediate_size if moe is not None else 0,
+        **(tasks or {}),
     )
     return shape, Sizes(layer_held, expert_held, head, total, tuple(per_layer))

@@ -16,10 +16,12 @@ import torch
 from torch import Tensor
 
 from mlaq.model.decoder import DecoderLayer
+from mlaq.model.mla import MLAttention
 from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.model.step import StepPositions
 from mlaq.validate.capture import LayerInput, _Recording
 from mlaq.validate.config import Variant
+from mlaq.validate.flips import add_flips, compare, reference_rows, sample_rows
 from mlaq.validate.metrics import Buckets, BucketSums, relative_error_terms
 from mlaq.validate.stream.layer_exec import attention, replay
 from mlaq.validate.theory import OpError, op_errors, operand_stats
@@ -85,11 +87,14 @@ def attention_stage(
     operands: dict[int, dict[str, float]],
     *,
     run_others: bool = True,
+    flip_rows: int = 0,
 ) -> None:
     """Every stream's attention (plus residual) at layer ``index``; the reference's input replayed under
     every other variant. The reference runs every window first (its inputs captured); then each other
     variant in turn, its BMM weights prepared (``prepare``) only while it runs, so one candidate's
-    prepared weights are alive at a time. ``run_others=False`` (MTP layers): only the replays."""
+    prepared weights are alive at a time. ``run_others=False`` (MTP layers): only the replays.
+    ``flip_rows``: query rows per window for the attention flip rate (variants in the reference's
+    dtype, as validate measures them), ``chunk`` rows at a time."""
     ref_mod = modules[ref.variant.dtype]
     ref_ab = prepare(ref.variant)
     captured: list[_Captured] = []
@@ -121,6 +126,8 @@ def attention_stage(
             s.sums[w].add(f"attn_diff2/{index}", step.positions[0], diff2)
             s.sums[w].add(f"attn_ref2/{index}", step.positions[0], ref2)
             s.layers[index] = mtp
+            if flip_rows and s.variant.dtype == ref.variant.dtype:
+                _flips(s.sums[w], mod.self_attn, index, cap, step.positions, (ref_ab, ab), flip_rows, chunk)
             if w == 0 and inp is not None:
                 s.ops.append(op_errors(ab, ref_ab, inp))
                 describe(ab, s.descriptions)
@@ -131,3 +138,21 @@ def attention_stage(
                     s.shared_mask[w] = own.key_mask
         install(mod, ref_ab)  # drops this variant's prepared weights before the next one's are built
         del ab
+
+
+def _flips(
+    sums: BucketSums,
+    attn: MLAttention,
+    index: int,
+    cap: _Captured,
+    positions: Tensor,
+    weights: tuple[AbsorbedWeights, AbsorbedWeights],
+    rows: int,
+    chunk: int,
+) -> None:
+    """The flip figures of one window at one layer: the sampled query rows (validate's), ``chunk`` at a
+    time, the reference's weights (``weights[0]``) against the variant's (``weights[1]``)."""
+    r = sample_rows(cap.hidden.shape[1], rows)  # (R,)
+    for a in range(0, len(r), chunk):
+        ref = reference_rows(attn, index, cap.hidden, positions, cap.key_mask, weights[0], r[a : a + chunk])
+        add_flips(sums, index, compare(ref, weights[1]))

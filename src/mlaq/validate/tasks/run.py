@@ -4,7 +4,7 @@ scored under every variant through the engine's model pool, into the record's pl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 from mlaq.model import Precision
 from mlaq.validate.config import Variant
@@ -15,6 +15,7 @@ from mlaq.validate.tasks.haystack import Haystack
 from mlaq.validate.tasks.scoring import score_variants
 from mlaq.validate.tasks.spec import TaskConfig, default_lengths
 from mlaq.validate.tasks.surface import Encode
+from mlaq.validate.text import EvalData
 from mlaq.validate.variants import ModelPool
 
 
@@ -24,6 +25,28 @@ def resolve(cfg: TaskConfig, max_context: int, model: str) -> TaskConfig:
         cfg = replace(cfg, lengths=default_lengths(max_context))
     cfg.check_context(max_context, model)
     return cfg
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """The suite of a validation, decided and drawn before any model work."""
+
+    suite: TaskConfig  # lengths resolved
+    haystack: Haystack
+    samples: list[TaskSample]
+    skipped: list[str]  # (task, length) cells that do not fit
+
+    def record(self, seconds: float) -> TaskSuiteRecord:
+        return suite_record(self.suite, self.haystack, self.samples, self.skipped, seconds)
+
+
+def draw_suite(cfg: TaskConfig, max_context: int, model: str, text: EvalData, encode: Encode) -> Drawn:
+    """Every source's first step: lengths resolved against the model's context, the haystack (the
+    evaluation text), the samples drawn (a bad length or a haystack too short fails here)."""
+    suite = resolve(cfg, max_context, model)
+    haystack = Haystack(str(text.path), text.tokens)
+    samples, skipped = draw(suite, haystack, encode, explicit=cfg.lengths is not None)
+    return Drawn(suite, haystack, samples, skipped)
 
 
 def draw(

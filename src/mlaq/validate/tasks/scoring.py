@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from itertools import groupby
 
 import torch
+from torch import Tensor
 
 from mlaq.model import ModelCache
 from mlaq.validate.tasks.generators import TaskSample
@@ -56,7 +57,12 @@ def score_batch(
         logits = model.decode(tail, cache).logits  # (B, T - decode_from, V)
     finally:
         cache.truncate(decode_from)
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return score_rows(torch.log_softmax(logits.float(), dim=-1), samples, decode_from)
+
+
+def score_rows(logprobs: Tensor, samples: Sequence[TaskSample], decode_from: int) -> list[SampleScore]:
+    """The scores of equal-length ``samples`` from the log-probabilities (B, T - decode_from, V) of
+    their tails ``ids[decode_from:]`` (row i predicts the token after tail token i)."""
     out = []
     for b, s in enumerate(samples):
         n = len(s.answer)
