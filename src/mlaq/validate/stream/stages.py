@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from mlaq.model.gemm import linear
 from mlaq.model.layer_source import LayerSource
 from mlaq.validate.metrics import divergence
 from mlaq.validate.stream.layer_exec import moe_groups
@@ -91,13 +91,13 @@ def head_stage(
             e = min(b + 1, t)  # one row more: the NLL of row b-1 needs target b, and KL counts [a, b)
             targets = ids[w, a + 1 : e]
             ref_lp = torch.log_softmax(
-                F.linear(hidden[ref.variant][0, a:e], heads[ref.variant.dtype]).float(), dim=-1
+                linear(hidden[ref.variant][0, a:e], heads[ref.variant.dtype]).float(), dim=-1
             )
             pos = torch.arange(a, b)
             nll = -ref_lp[: len(targets)].gather(1, targets[:, None])[:, 0]
             ref.sums[w].add("nll", torch.arange(a, a + len(targets)), nll)
             for s in others:
-                logits = F.linear(hidden[s.variant][0, a:e], heads[s.variant.dtype]).float()
+                logits = linear(hidden[s.variant][0, a:e], heads[s.variant.dtype]).float()
                 d = divergence(ref_lp, logits, targets)
                 s.sums[w].add("kl", pos, d.kl[: b - a])
                 s.sums[w].add("top1", pos, d.top1[: b - a])

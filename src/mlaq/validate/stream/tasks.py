@@ -18,11 +18,11 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from mlaq.model import Precision
 from mlaq.model.decoder import DecoderLayer
+from mlaq.model.gemm import linear
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.model.rope import RopeTable
@@ -137,7 +137,7 @@ class TaskStreams:
         for b in self.batches:
             b.prefixes.clear()
             for v, h in b.tails.items():
-                logits = F.linear(norms[h.dtype](h.x), heads[h.dtype]).float()  # (B, T - d, V)
+                logits = linear(norms[h.dtype](h.x), heads[h.dtype]).float()  # (B, T - d, V)
                 scores = score_rows(torch.log_softmax(logits, dim=-1), b.samples, b.decode_from)
                 for i, sc in zip(b.index, scores, strict=True):
                     self.scores[v][i] = sc
