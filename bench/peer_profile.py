@@ -43,7 +43,14 @@ def phase(llm: LLM, name: str, batch: list[dict[str, list[int]]], new: int, rows
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
     print(f"\n== {name}: wall {wall:.2f} s, CPU user+sys {cpu:.2f} s (profiler on)")
     avg = prof.key_averages(group_by_input_shape=shapes)
-    print(avg.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=40, max_shapes_column_width=70))
+    print(
+        avg.table(
+            sort_by="self_cpu_time_total",
+            row_limit=rows,
+            max_name_column_width=40,
+            max_shapes_column_width=70,
+        )
+    )
 
 
 def main() -> None:
@@ -70,10 +77,19 @@ def main() -> None:
         compile=a.compile,
     )
     if a.skip != "prefill":
-        phase(llm, f"prefill {a.batch} x {a.prompt_len}", prompts(a.batch, a.prompt_len, vocab), 1, a.rows, a.shapes)
+        phase(
+            llm,
+            f"prefill {a.batch} x {a.prompt_len}",
+            prompts(a.batch, a.prompt_len, vocab),
+            1,
+            a.rows,
+            a.shapes,
+        )
     if a.skip != "decode":
         batch = prompts(a.decode_batch, 64, vocab)
-        phase(llm, f"decode batch {a.decode_batch}, {a.new_tokens} new", batch, a.new_tokens, a.rows, a.shapes)
+        phase(
+            llm, f"decode batch {a.decode_batch}, {a.new_tokens} new", batch, a.new_tokens, a.rows, a.shapes
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
+from mlaq.model.linear import linear
 
 
 class Precision(Enum):
@@ -121,7 +122,9 @@ def is_causal(mask: Tensor | None) -> bool:
     if mask is None or mask.shape[1] != mask.shape[2]:
         return False
     t = mask.shape[1]
-    return bool(torch.equal(mask, torch.ones(t, t, dtype=torch.bool, device=mask.device).tril().expand_as(mask)))
+    return bool(
+        torch.equal(mask, torch.ones(t, t, dtype=torch.bool, device=mask.device).tril().expand_as(mask))
+    )
 
 
 def naive_attention(
@@ -141,7 +144,7 @@ def naive_attention(
     b, _, n, p = q_nope.shape
     lora = kv_b.shape[1]
     c_kv, k_pe = keys.split([lora, keys.shape[-1] - lora], dim=-1)  # (B, K, L), (B, K, R)
-    kv = torch.nn.functional.linear(c_kv, kv_b)  # (B, K, N*(P+V)), rounded to the compute dtype
+    kv = linear(c_kv, kv_b)  # (B, K, N*(P+V)), rounded to the compute dtype
     kv = kv.view(b, keys.shape[1], n, -1)  # (B, K, N, P+V)
     k_nope, v = kv.split([p, kv.shape[-1] - p], dim=-1)  # (B, K, N, P), (B, K, N, V)
     if mask is None or bool(mask.any(dim=-1).all()):

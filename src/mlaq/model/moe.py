@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlaq.model.config import MoEConfig
+from mlaq.model.linear import Linear, linear
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
 # Up to this many tokens, routed experts run token by token (k small matmuls each, no gather/scatter
@@ -37,15 +38,15 @@ class DenseMLP(nn.Module):
     ) -> None:
         super().__init__()
         kw = {"bias": False, "dtype": dtype, "device": device}
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+        self.gate_proj = Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = Linear(intermediate_size, hidden_size, **kw)
 
     def forward(self, x: Tensor) -> Tensor:
         # F.linear on the weights: the same matmuls without three nn.Module calls (decode is
         # dominated by per-call overhead at these sizes)
-        gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
-        return F.linear(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)
+        return linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 def route(logits: Tensor, cfg: MoEConfig, correction_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
