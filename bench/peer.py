@@ -207,6 +207,11 @@ def main() -> int:
     p.add_argument("--parity-len", type=int, default=512)
     p.add_argument("--parity-new", type=int, default=64)
     p.add_argument("--vllm-python", default=None)
+    p.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vLLM with enforce_eager (its custom ops; see vllm_rope_check.py)",
+    )
     p.add_argument("--out", type=Path, default=None, help="also write every figure as JSON here")
     p.add_argument("--report", type=Path, default=None, help="only print the tables of an --out JSON")
     a = p.parse_args()
@@ -259,6 +264,7 @@ def main() -> int:
             "vocab_size": config["vocab_size"],
             "cells": cells,
             "parity": parity,
+            "vllm_eager": a.vllm_eager,
         }
         results = {}
         for engine in engines:

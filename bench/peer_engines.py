@@ -60,6 +60,7 @@ class VllmEngine:
             speculative_config=spec,
             seed=0,
             disable_log_stats=False,
+            enforce_eager=bool(job.get("vllm_eager")),  # eager: vLLM's custom ops (its C++ rope op) run
         )
 
     def generate(self, prompts: list[list[int]], new: int, logprobs: int | None = None) -> list[Any]:
