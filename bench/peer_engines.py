@@ -2,7 +2,8 @@
 
     python bench/peer_engines.py ENGINE --job JOB.json --out OUT.json
 
-ENGINE: ``vllm`` (run with vLLM's own interpreter), ``mlaq``, ``mlaq-compiled``, ``transformers``.
+ENGINE: ``vllm`` (run with vLLM's own interpreter), ``mlaq``, ``mlaq-compiled``, ``transformers``,
+``mlaq-fp32`` (mlaq in float32 whatever the job's dtype: the reference of the bf16 noise floor).
 Imports only what ENGINE needs at module level (vLLM's environment has no mlaq), and mlaq from this
 checkout's ``src``. The job (written by ``bench/peer.py``): model, dtype, threads, new_tokens,
 repeats, cells [{prompt_len, batch, k}], parity {prompts, new_tokens} or null.
@@ -59,6 +60,7 @@ class VllmEngine:
             speculative_config=spec,
             seed=0,
             disable_log_stats=False,
+            enforce_eager=bool(job.get("vllm_eager")),  # eager: vLLM's custom ops (its C++ rope op) run
         )
 
     def generate(self, prompts: list[list[int]], new: int, logprobs: int | None = None) -> list[Any]:
@@ -195,6 +197,8 @@ def make(engine: str, job: dict[str, Any], k: int, max_len: int, max_seqs: int) 
         return VllmEngine(job, k, max_len, max_seqs)
     if engine in ("mlaq", "mlaq-compiled"):
         return MlaqEngine(job, k, max_len, max_seqs, compile=engine == "mlaq-compiled")
+    if engine == "mlaq-fp32":
+        return MlaqEngine({**job, "dtype": "float32"}, k, max_len, max_seqs, compile=False)
     if engine == "transformers":
         return TransformersEngine(job, k, max_len, max_seqs)
     raise ValueError(f"unknown engine {engine!r}")

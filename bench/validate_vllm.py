@@ -31,29 +31,15 @@ import sys
 import time
 from pathlib import Path
 
+from peer_model import GEOMETRY as PEER_GEOMETRY  # bench/ is on the path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 FP8 = '{"targets": {"re:.*kv_b_proj": "fp8_per_channel"}}'
-GEOMETRY = {
-    "hidden_size": 256,
-    "intermediate_size": 768,
-    "moe_intermediate_size": 256,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "q_lora_rank": 128,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
+# the peer benchmark's geometry (one definition: bench/peer_model.py), with the head-dim keys transformers
+# writes; the vocabulary is the bundled tokenizer's
+GEOMETRY = {k: v for k, v in PEER_GEOMETRY.items() if k != "vocab_size"} | {
     "qk_head_dim": 192,
     "head_dim": 64,
-    "v_head_dim": 128,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_shared_experts": 1,
-    "n_group": 4,
-    "topk_group": 2,
-    "first_k_dense_replace": 1,
-    "max_position_embeddings": 4096,
 }
 
 

@@ -317,3 +317,49 @@ def test_bad_inputs(kwargs, match):
     args = {"positions": arange_pos(1, 2), **kwargs}
     with pytest.raises(ValueError, match=match):
         layer(torch.randn(1, 2, 64), **args)
+
+
+def _unfused(q_nope, q_pe, keys, mask, kv_b, scale):
+    """naive_attention's arithmetic written out in float64: the reference for the fused kernel."""
+    b, _, n, p = q_nope.shape
+    lora = kv_b.shape[1]
+    kv = (keys[..., :lora].double() @ kv_b.double().T).view(b, keys.shape[1], n, -1)
+    scores = torch.einsum("btnp,bsnp->bnts", q_nope.double(), kv[..., :p])
+    scores = scores + torch.einsum("btnr,bsr->bnts", q_pe.double(), keys[..., lora:].double())
+    probs = torch.softmax((scores * scale).masked_fill(~mask[:, None], float("-inf")), dim=-1)
+    return torch.einsum("bnts,bsnv->btnv", probs, kv[..., p:])
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("kind", ["causal", "prefix", "padded"])
+def test_fused_naive_attention_padded_v_matches_float64(dtype, tol, kind):
+    """V (128) is zero-padded to QK's 192 for torch's flash kernel and a plain causal mask goes as
+    is_causal; the output must still be the unfused attention's, under every mask shape."""
+    from mlaq.model.mla_core import is_causal, naive_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, t, n, p, r, lora, v = 2, 40, 4, 128, 64, 512, 128
+    k = t + (8 if kind == "prefix" else 0)
+    q_nope = torch.randn(b, t, n, p, generator=g).to(dtype)
+    q_pe = torch.randn(b, t, n, r, generator=g).to(dtype)
+    keys = torch.randn(b, k, lora + r, generator=g).to(dtype)
+    kv_b = (torch.randn(n * (p + v), lora, generator=g) / lora**0.5).to(dtype)
+    mask = torch.ones(k, k, dtype=torch.bool).tril()[k - t :].expand(b, t, k).clone()
+    if kind == "padded":
+        mask[1, :, 30:] = False  # row 1 is 30 tokens long, right-padded: its pad queries see its 30 keys
+    assert is_causal(mask) == (kind == "causal")
+    got = naive_attention(q_nope, q_pe, keys, mask, kv_b, 192**-0.5)
+    want = _unfused(q_nope, q_pe, keys, mask, kv_b, 192**-0.5)
+    assert got.shape == (b, t, n, v) and got.dtype == dtype
+    assert rel(got.double(), want) <= tol, rel(got.double(), want)
+
+
+def test_is_causal_only_for_the_exact_square_lower_triangle():
+    from mlaq.model.mla_core import is_causal
+
+    tri = torch.ones(5, 5, dtype=torch.bool).tril()[None]
+    assert is_causal(tri) and not is_causal(None)
+    assert not is_causal(torch.ones(5, 6, dtype=torch.bool).tril(1)[None, :, :])  # a cached prefix
+    off = tri.clone()
+    off[0, 4, 0] = False
+    assert not is_causal(off)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from mlaq.model.cache import LatentCache, ModelCache
 from mlaq.model.config import ModelConfig
 from mlaq.model.decoder import DecoderLayer
+from mlaq.model.linear import Linear
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.mtp import MTPLayer, select_rows
@@ -93,7 +94,7 @@ class DeepseekForCausalLM(nn.Module):
             dtype=dtype,
             device=device,
         )
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, device=device)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, device=device)
         self.bmm_decisions: tuple[Any, ...] = ()  # policy LayerDecisions, one per MLA layer (load_model)
         self.policy: Any = None  # the PolicyResult they came from
         self.rope_table = RopeTable(self.mla_config.rope)  # cos/sin once per device, shared by all layers

@@ -23,7 +23,6 @@ from torch import Tensor, nn
 from mlaq.model.checkpoint import check_finite
 from mlaq.model.config import ModelConfig
 from mlaq.model.decoder import DecoderLayer
-from mlaq.model.gemm import use_gemm_linears
 from mlaq.model.loader import _FP32_PARAMS, _mtp_layers_present
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.moe import DenseMLP
@@ -119,8 +118,6 @@ class LayerSource:
         stored = self._fill(modules, f"model.layers.{index}.", skip=(EXPERTS.rstrip("."), *_MTP_SKIP))
         kv_b = stored.get("self_attn.kv_b_proj")
         assert kv_b is not None
-        for module in modules.values():
-            use_gemm_linears(module)  # bf16 GEMMs through fp32 on CPUs without native bf16
         return StreamedLayer(index, modules, kv_b)
 
     def expert(self, layer: int, expert: int, dtypes: Sequence[torch.dtype]) -> dict[torch.dtype, DenseMLP]:

@@ -19,7 +19,6 @@ from torch import nn
 from mlaq.model.checkpoint import SafetensorsCheckpoint, check_finite
 from mlaq.model.config import ModelConfig
 from mlaq.model.deepseek import DeepseekForCausalLM
-from mlaq.model.gemm import use_gemm_linears
 from mlaq.model.kv_b import apply_decision
 from mlaq.model.mla_core import Precision
 from mlaq.model.weights import CheckpointQuant, CheckpointWeight, read_linear, read_tensor
@@ -84,7 +83,6 @@ def load_model(
         apply_decision(attn, policy.for_layer(layer), stored, precision)
     model.bmm_decisions = policy.layers
     model.policy = policy
-    use_gemm_linears(model)  # bf16 GEMMs through fp32 on CPUs without native bf16 (mlaq.model.gemm)
     return model.eval()
 
 

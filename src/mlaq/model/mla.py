@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from mlaq.bmm.base import BmmScheme, PreparedWeight
 from mlaq.bmm.kv_b import split_kv_b_proj
 from mlaq.bmm.registry import get_scheme
+from mlaq.model.linear import Linear
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.mla_core import (
     AbsorbedWeights,
@@ -76,15 +77,15 @@ class MLAttention(nn.Module):
         kw = {"dtype": dtype, "device": device}
         n, qk = c.num_heads, c.qk_head_dim
         if c.q_lora_rank is None:
-            self.q_proj = nn.Linear(c.hidden_size, n * qk, bias=False, **kw)
+            self.q_proj = Linear(c.hidden_size, n * qk, bias=False, **kw)
         else:
-            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=c.attention_bias, **kw)
+            self.q_a_proj = Linear(c.hidden_size, c.q_lora_rank, bias=c.attention_bias, **kw)
             self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.latent_norm_eps, **kw)
-            self.q_b_proj = nn.Linear(c.q_lora_rank, n * qk, bias=False, **kw)
-        self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, c.latent_dim, bias=c.attention_bias, **kw)
+            self.q_b_proj = Linear(c.q_lora_rank, n * qk, bias=False, **kw)
+        self.kv_a_proj_with_mqa = Linear(c.hidden_size, c.latent_dim, bias=c.attention_bias, **kw)
         self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.latent_norm_eps, **kw)
-        self.kv_b_proj = nn.Linear(c.kv_lora_rank, n * (c.qk_nope_head_dim + c.v_head_dim), bias=False, **kw)
-        self.o_proj = nn.Linear(n * c.v_head_dim, c.hidden_size, bias=c.attention_bias, **kw)
+        self.kv_b_proj = Linear(c.kv_lora_rank, n * (c.qk_nope_head_dim + c.v_head_dim), bias=False, **kw)
+        self.o_proj = Linear(n * c.v_head_dim, c.hidden_size, bias=c.attention_bias, **kw)
         self.rope = c.rope
         self.softmax_scale = c.softmax_scale  # computed once (a property of the config)
         self._absorbed: AbsorbedWeights | None = None  # plain attribute: not in state_dict

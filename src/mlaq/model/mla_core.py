@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
-from mlaq.model.gemm import linear
+from mlaq.model.linear import linear
 
 
 class Precision(Enum):
@@ -116,6 +116,17 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> T
     return probs.to(dtype).float()
 
 
+def is_causal(mask: Tensor | None) -> bool:
+    """Whether mask (B, T, K) is exactly the top-left causal mask (T = K, query i sees keys 0..i):
+    a whole prompt without padding, which SDPA's ``is_causal`` runs without reading a mask."""
+    if mask is None or mask.shape[1] != mask.shape[2]:
+        return False
+    t = mask.shape[1]
+    return bool(
+        torch.equal(mask, torch.ones(t, t, dtype=torch.bool, device=mask.device).tril().expand_as(mask))
+    )
+
+
 def naive_attention(
     q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, kv_b: Tensor, scale: float
 ) -> Tensor:
@@ -123,10 +134,12 @@ def naive_attention(
 
     q_nope (B, T, N, P), q_pe (B, T, N, R), keys (B, K, L+R), kv_b (N*(P+V), L) in the compute dtype.
     Runs torch's fused CPU attention (``scaled_dot_product_attention``: scores accumulated in float32,
-    online float32 softmax, probabilities in the compute dtype for the value matmul), 1.4-1.6x faster
-    than the unfused ops on prompts of 512-2048 tokens and no less accurate against a float32
-    reference; rows that see no key (possible only under a DSA key mask) take the unfused path,
-    which gives them zeros.
+    online float32 softmax, probabilities in the compute dtype for the value matmul), no less accurate
+    than the unfused ops against a float32 reference. V is zero-padded to QK's head dim (128 -> 192 in
+    DeepSeek-V3) so that torch takes its flash kernel, not the math path (which materialises the
+    (T, K) scores and a masked softmax); a plain causal mask goes as ``is_causal`` (the kernel skips
+    the blocks above the diagonal). Rows that see no key (possible only under a DSA key mask) take
+    the unfused path, which gives them zeros.
     """
     b, _, n, p = q_nope.shape
     lora = kv_b.shape[1]
@@ -138,11 +151,15 @@ def naive_attention(
         q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(1, 2)  # (B, N, T, P+R)
         k_pe_heads = k_pe[:, :, None, :].expand(-1, -1, n, -1)  # the shared rope key, every head
         k = torch.cat((k_nope, k_pe_heads), dim=-1).transpose(1, 2)  # (B, N, K, P+R)
-        attn_mask = None if mask is None else mask[:, None, :, :]  # (B, 1, T, K)
+        vh = v.transpose(1, 2)  # (B, N, K, V)
+        if vh.shape[-1] != q.shape[-1]:  # torch's CPU flash kernel needs V's head dim = QK's
+            vh = torch.nn.functional.pad(vh, (0, q.shape[-1] - vh.shape[-1]))  # zero columns
+        causal = is_causal(mask)
+        attn_mask = None if mask is None or causal else mask[:, None, :, :]  # (B, 1, T, K)
         o = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v.transpose(1, 2), attn_mask=attn_mask, scale=scale
-        )  # (B, N, T, V)
-        return o.transpose(1, 2).to(q_nope.dtype)
+            q, k, vh, attn_mask=attn_mask, is_causal=causal, scale=scale
+        )  # (B, N, T, QK)
+        return o[..., : v.shape[-1]].transpose(1, 2).to(q_nope.dtype)
     scores = torch.einsum("btnp,bsnp->bnts", q_nope.float(), k_nope.float())
     scores = scores + torch.einsum("btnr,bsr->bnts", q_pe.float(), k_pe.float())  # shared rope key
     probs = masked_softmax(scores * scale, mask, q_nope.dtype)  # (B, N, T, K)

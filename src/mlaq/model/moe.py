@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlaq.model.config import MoEConfig
-from mlaq.model.gemm import linear
+from mlaq.model.linear import Linear, linear
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
 # Up to this many tokens, routed experts run token by token (k small matmuls each, no gather/scatter
@@ -38,9 +38,9 @@ class DenseMLP(nn.Module):
     ) -> None:
         super().__init__()
         kw = {"bias": False, "dtype": dtype, "device": device}
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+        self.gate_proj = Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = Linear(intermediate_size, hidden_size, **kw)
 
     def forward(self, x: Tensor) -> Tensor:
         # F.linear on the weights: the same matmuls without three nn.Module calls (decode is

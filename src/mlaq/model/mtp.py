@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from mlaq.model.cache import LatentCache
 from mlaq.model.config import ModelConfig
 from mlaq.model.decoder import DecoderLayer
+from mlaq.model.linear import Linear
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.norm import RMSNorm
@@ -34,7 +35,7 @@ class SharedHead(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype, device=device)
-        self.head = nn.Linear(h, cfg.vocab_size, bias=False, dtype=dtype, device=device) if own_head else None
+        self.head = Linear(h, cfg.vocab_size, bias=False, dtype=dtype, device=device) if own_head else None
 
 
 class MTPLayer(DecoderLayer):
@@ -56,7 +57,7 @@ class MTPLayer(DecoderLayer):
         kw = {"dtype": dtype, "device": device}
         self.enorm = RMSNorm(h, cfg.rms_norm_eps, **kw)
         self.hnorm = RMSNorm(h, cfg.rms_norm_eps, **kw)
-        self.eh_proj = nn.Linear(2 * h, h, bias=False, **kw)
+        self.eh_proj = Linear(2 * h, h, bias=False, **kw)
         self.shared_head = SharedHead(cfg, own_head, **kw)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h, **kw) if own_embed else None
 

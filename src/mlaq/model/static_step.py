@@ -25,6 +25,7 @@ from torch import Tensor
 from mlaq.bmm.base import BmmScheme
 from mlaq.model.decoder import DecoderLayer
 from mlaq.model.deepseek import DeepseekForCausalLM
+from mlaq.model.linear import linear
 from mlaq.model.mla_core import AbsorbedWeights, absorbed_attention
 from mlaq.model.moe import MoE
 from mlaq.model.mtp import MTPLayer, select_rows
@@ -192,8 +193,8 @@ def _moe(moe: MoE, w: _Experts, x: Tensor) -> Tensor:
             out = out + y[:, j]
     else:
         e, inter, hid = w.gate.shape
-        g = F.linear(flat, w.gate.reshape(e * inter, hid)).view(n_tok, e, inter)  # (T, E, I)
-        u = F.linear(flat, w.up.reshape(e * inter, hid)).view(n_tok, e, inter)
+        g = linear(flat, w.gate.reshape(e * inter, hid)).view(n_tok, e, inter)  # (T, E, I)
+        u = linear(flat, w.up.reshape(e * inter, hid)).view(n_tok, e, inter)
         a = (F.silu(g) * u).transpose(0, 1)  # (E, T, I)
         y = torch.bmm(a, w.down.transpose(1, 2))  # (E, T, H)
         dense = torch.zeros(n_tok, e, dtype=weights.dtype, device=x.device).scatter(1, indices, weights)

