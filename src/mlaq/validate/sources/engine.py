@@ -252,7 +252,7 @@ def _teacher_forced(
             start = time.perf_counter()
             model = pool.model(v)
             runs[v].windows.append(sums := BucketSums(buckets))
-            logits = model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]  # (T, V)
+            logits = _teacher_forced_logits(model, ids)  # (T, V)
             d = _add_divergence(sums, window.logprobs, logits, ids[0, 1:])
             for name, values in common.per_token_values(d).items():
                 runs[v].per_token.setdefault(name, []).append(values)
@@ -266,6 +266,11 @@ def _teacher_forced(
                 runs[v].descriptions = scheme_descriptions(model)
             runs[v].seconds += time.perf_counter() - start
     return operands
+
+
+def _teacher_forced_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The whole window (1, T) through the absorbed (decode) path -> logits (T, V)."""
+    return model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]
 
 
 def _op(o) -> OpRecord:  # theory.OpError -> the record's plain copy
