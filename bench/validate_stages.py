@@ -93,7 +93,8 @@ def instrumented(clock: Clock) -> Iterator[None]:
     patches = {
         (mod, "capture_reference"): "reference capture",
         (mod, "_teacher_forced_logits"): "teacher-forced stream",
-        (mod, "_add_layer_errors"): "per-layer attention",
+        (mod, "project_input"): "per-layer attention",
+        (mod, "attention_output"): "per-layer attention",
         (mod, "flip_reference"): "flips",
         (mod, "_add_flips"): "flips",
         (mod, "operand_stats"): "per-op",
