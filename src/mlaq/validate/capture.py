@@ -20,6 +20,7 @@ from torch import Tensor
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
 from mlaq.model import AttnPath, DeepseekForCausalLM, ModelCache
+from mlaq.model.mla_core import assemble_keys, attention_mask
 
 
 @dataclass
@@ -132,10 +133,40 @@ class _Recording(BmmScheme):
         return self.inner.apply(x, prepared)
 
 
+@dataclass(frozen=True)
+class ProjectedInput:
+    """A captured layer input through the layer's query and latent-key projections, which do not
+    depend on the BMM scheme: computed once per model and window, replayed under every scheme."""
+
+    layer: int
+    q_nope: Tensor  # (1, T', N, P) compute dtype
+    q_pe: Tensor  # (1, T', N, R), rotated
+    keys: Tensor  # (1, K, L+R) latent keys by position
+    mask: Tensor  # (1, T', K) bool: causal, and the captured DSA selection
+
+
 @torch.no_grad()
-def attention_output(model: DeepseekForCausalLM, inp: LayerInput) -> Tensor:
-    """Layer ``inp.layer``'s attention (absorbed path, query length T', causal) on the captured input,
-    under whatever BMM weights the model's layer holds -> (T', H) float32."""
+def project_input(model: DeepseekForCausalLM, inp: LayerInput) -> ProjectedInput:
+    """What ``MLAttention.forward`` computes before ``attend``, for layer ``inp.layer`` of ``model``."""
     attn = model.model.layers[inp.layer].self_attn
-    out, _ = attn(inp.hidden.to(attn.dtype), inp.positions, path=AttnPath.ABSORBED, key_mask=inp.key_mask)
+    proj = attn.project(inp.hidden.to(attn.dtype), inp.positions)
+    keys, valid = assemble_keys(None, None, proj.latent, inp.positions)  # (1, K, L+R), (1, K)
+    mask = attention_mask(inp.positions, valid, inp.key_mask)  # (1, T', K)
+    return ProjectedInput(inp.layer, proj.q_nope, proj.q_pe, keys, mask)
+
+
+@torch.no_grad()
+def attention_output(
+    model: DeepseekForCausalLM, inp: LayerInput, projected: ProjectedInput | None = None
+) -> Tensor:
+    """Layer ``inp.layer``'s attention (absorbed path, query length T', causal) on the captured input,
+    under whatever BMM weights the model's layer holds -> (T', H) float32. ``projected``: the input
+    already projected by this same model (``project_input``), reused across schemes."""
+    attn = model.model.layers[inp.layer].self_attn
+    p = project_input(model, inp) if projected is None else projected
+    if p.layer != inp.layer or p.q_nope.dtype != attn.dtype:
+        raise ValueError(
+            f"projected input of layer {p.layer} ({p.q_nope.dtype}) replayed on layer {inp.layer}"
+        )
+    out = attn.attend(p.q_nope, p.q_pe, p.keys, p.mask, AttnPath.ABSORBED)  # (1, T', H)
     return out[0].float()

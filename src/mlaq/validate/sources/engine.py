@@ -23,7 +23,13 @@ from mlaq.model.config import ModelConfig
 from mlaq.model.mla import AttnPath
 from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.policy import decide_from_dir
-from mlaq.validate.capture import LayerInput, attention_output, capture_reference
+from mlaq.validate.capture import (
+    LayerInput,
+    ProjectedInput,
+    attention_output,
+    capture_reference,
+    project_input,
+)
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
 from mlaq.validate.flips import FlipReference, add_flips, attention_flips, flip_reference
 from mlaq.validate.generation import generate
@@ -244,17 +250,28 @@ def _teacher_forced(
             else []
         )
         ref_run.seconds += time.perf_counter() - start
+        projected: dict[tuple[int, int], ProjectedInput] = {}  # (id(model), layer) -> projected input
         for v in others:
             progress.step(f"{v.name}: teacher-forced window {w + 1}/{len(windows)}, per-layer attention")
             start = time.perf_counter()
             model = pool.model(v)
             runs[v].windows.append(sums := BucketSums(buckets))
-            logits = model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]  # (T, V)
+            # the first layer's input in this stream IS its captured input when the model is the
+            # reference's (same weights, only the BMMs re-prepared): its replay is the stream's output
+            first = window.layers[0].layer if model is ref_model else None
+            logits, first_out = _teacher_forced_logits(model, ids, first)  # (T, V), (T, H) | None
             d = _add_divergence(sums, window.logprobs, logits, ids[0, 1:])
             for name, values in common.per_token_values(d).items():
                 runs[v].per_token.setdefault(name, []).append(values)
             del logits
-            _add_layer_errors(runs[v], sums, model, window.layers)
+            outputs = {} if first is None else {first: first_out}
+            for inp in window.layers:
+                if inp.layer not in outputs:  # the projections do not depend on the scheme: once per model
+                    key = (id(model), inp.layer)
+                    if key not in projected:
+                        projected[key] = project_input(model, inp)
+                    outputs[inp.layer] = attention_output(model, inp, projected[key])
+            _add_layer_errors(runs[v], sums, window.layers, outputs)
             if v.dtype == reference.dtype:
                 _add_flips(sums, model, flip_refs)
             if w == 0:
@@ -263,6 +280,24 @@ def _teacher_forced(
                 runs[v].descriptions = scheme_descriptions(model)
             runs[v].seconds += time.perf_counter() - start
     return operands
+
+
+def _teacher_forced_logits(
+    model: torch.nn.Module, ids: torch.Tensor, keep: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The whole window (1, T) through the absorbed (decode) path -> logits (T, V), and layer
+    ``keep``'s attention output (o_proj's, (T, H) float32) when asked for."""
+    kept: list[torch.Tensor] = []
+    hook = None
+    if keep is not None:
+        o_proj = model.model.layers[keep].self_attn.o_proj
+        hook = o_proj.register_forward_hook(lambda _m, _args, out: kept.append(out[0].float()))
+    try:
+        logits = model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]
+    finally:
+        if hook is not None:
+            hook.remove()
+    return logits, kept[0] if kept else None
 
 
 def _op(o) -> OpRecord:  # theory.OpError -> the record's plain copy
@@ -281,10 +316,11 @@ def _add_divergence(
 
 
 def _add_layer_errors(
-    run: _Run, sums: BucketSums, model: torch.nn.Module, layers: Sequence[LayerInput]
+    run: _Run, sums: BucketSums, layers: Sequence[LayerInput], outputs: dict[int, torch.Tensor]
 ) -> None:
+    """Each layer's attention output under the variant (``outputs``, (T', H) each) against the reference."""
     for inp in layers:
-        diff2, ref2 = relative_error_terms(attention_output(model, inp), inp.ref_out)  # (T',) each
+        diff2, ref2 = relative_error_terms(outputs[inp.layer], inp.ref_out)  # (T',) each
         sums.add(f"attn_diff2/{inp.layer}", inp.positions[0], diff2)
         sums.add(f"attn_ref2/{inp.layer}", inp.positions[0], ref2)
         run.layers[inp.layer] = inp.mtp

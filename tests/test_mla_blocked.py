@@ -1,0 +1,109 @@
+"""Blocked latent attention (long masked query runs): the same weights and outputs as the whole-matrix
+softmax, fewer multiply-adds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlaq.bmm import get_scheme
+from mlaq.model import mla_core
+from mlaq.model.mla_core import (
+    QUERY_BLOCK,
+    AbsorbedWeights,
+    Precision,
+    absorbed_attention,
+    latent_attention_blocked,
+    masked_softmax,
+)
+
+N, P, R, L, V = 4, 32, 16, 64, 32
+
+
+def whole(q: torch.Tensor, kf: torch.Tensor, mask: torch.Tensor, scale: float, dtype: torch.dtype):
+    """The unblocked reference: one (T, K) score matrix per head."""
+    b, n, t, c = q.shape
+    scores = torch.bmm(q.reshape(b, n * t, c), kf.transpose(1, 2)).view(b, n, t, -1) * scale
+    probs = masked_softmax(scores, mask, dtype)  # (B, N, T, K)
+    return torch.bmm(probs.view(b, n * t, -1), kf[:, :, :L]).view(b, n, t, L)
+
+
+def operands(b: int, t: int, k: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, N, t, L + R, generator=g).to(dtype).float()
+    kf = torch.randn(b, k, L + R, generator=g).to(dtype).float()
+    return q, kf
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest difference relative to the largest value (fp32 reassociation: ~1e-7)."""
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [2 * QUERY_BLOCK + 37, 1100])
+def test_causal_blocks_equal_the_whole_matrix(t, dtype):
+    q, kf = operands(1, t, t, dtype)
+    mask = torch.ones(t, t, dtype=torch.bool).tril()[None]  # (1, T, K)
+    got = latent_attention_blocked(q, kf, mask, L, 0.05, dtype)
+    want = whole(q, kf, mask, 0.05, dtype)
+    assert got.shape == want.shape == (1, N, t, L)
+    assert close(got, want) <= 1e-6, close(got, want)
+
+
+def test_holes_empty_rows_and_batches():
+    """A DSA-like mask: random holes, rows of a batch reaching different keys, rows seeing nothing."""
+    b, t, k = 2, 700, 900
+    q, kf = operands(b, t, k, torch.bfloat16, seed=1)
+    g = torch.Generator().manual_seed(2)
+    mask = torch.rand(b, t, k, generator=g) < 0.3
+    mask[0, :, 600:] = False  # row 0 never reaches the last keys
+    mask[1, 5] = False  # a query that sees no key
+    mask[0, QUERY_BLOCK : 2 * QUERY_BLOCK] = False  # a whole block sees no key
+    got = latent_attention_blocked(q, kf, mask, L, 0.1, torch.bfloat16)
+    want = whole(q, kf, mask, 0.1, torch.bfloat16)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got[1, :, 5], torch.zeros(N, L))
+    assert torch.equal(got[0, :, QUERY_BLOCK : 2 * QUERY_BLOCK], torch.zeros(N, QUERY_BLOCK, L))
+    assert close(got, want) <= 1e-6, close(got, want)
+
+
+def test_keys_past_a_blocks_reach_are_not_read(monkeypatch):
+    """Under a causal mask the first block multiplies against at most KEY_ALIGN keys, not all T."""
+    t = 4 * QUERY_BLOCK
+    q, kf = operands(1, t, t, torch.float32)
+    mask = torch.ones(t, t, dtype=torch.bool).tril()[None]
+    widths = []
+    real_bmm = torch.bmm
+
+    def spy(a, b2):
+        widths.append(b2.shape[-1] if b2.shape[-1] != L else b2.shape[-2])  # keys of each product
+        return real_bmm(a, b2)
+
+    monkeypatch.setattr(mla_core.torch, "bmm", spy)
+    latent_attention_blocked(q, kf, mask, L, 0.05, torch.float32)
+    monkeypatch.undo()
+    assert max(widths) == t and min(widths) == min(t, mla_core.KEY_ALIGN), widths
+    assert sum(widths) < 0.8 * 2 * (t // QUERY_BLOCK) * t  # fewer key columns than the whole matrix
+
+
+@pytest.mark.parametrize("scheme", ["bf16", "mxfp4", "fp8_per_tensor"])
+def test_absorbed_attention_takes_the_blocked_path_for_long_runs(scheme):
+    """absorbed_attention on a long causal window equals the whole-matrix computation of the same BMMs."""
+    torch.manual_seed(3)
+    t = 2 * QUERY_BLOCK + 5
+    q_nope = torch.randn(1, t, N, P).bfloat16()
+    q_pe = torch.randn(1, t, N, R).bfloat16()
+    keys = torch.randn(1, t, L + R).bfloat16()
+    w_uk, w_uv = torch.randn(N, P, L) / 8, torch.randn(N, L, V) / 8
+    sch = get_scheme(scheme)
+    w = AbsorbedWeights(sch.prepare(w_uk), sch.prepare(w_uv), sch, sch, Precision.DECODE_ONLY)
+    mask = torch.ones(t, t, dtype=torch.bool).tril()[None]
+    got = absorbed_attention(q_nope, q_pe, keys, mask, w, 0.07)
+    q = mla_core.absorbed_queries(q_nope, q_pe, w)
+    o_latent = whole(q, keys.float(), mask, 0.07, torch.bfloat16).transpose(0, 1).bfloat16()
+    want = sch.apply(o_latent.reshape(N, t, L), w.w_uv).view(N, 1, t, V).permute(1, 2, 0, 3).bfloat16()
+    diff = (got.float() - want.float()).abs()
+    # bf16 outputs: equal, or (where fp32 reassociation crossed a rounding boundary) one bf16 step apart
+    assert (diff <= want.float().abs() * 2**-7).all()
+    assert (diff > 0).float().mean() <= 1e-3
