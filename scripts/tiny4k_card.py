@@ -214,7 +214,7 @@ def main() -> None:
         "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v1   # run 1 (resumable)",
         "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v2 --init-from scripts/state/mlaq-tiny-4k.safetensors \\",
         "    --phases 1024x4:400000,2048x2:700000,4096x1:800000 --lr 1e-3 --warmup 40 --decay-tokens 800000",
-        "    # run 2 was stopped after 1,224,704 tokens (its last 5-minute state); run 3 starts from that state",
+        "    # run 2 was stopped; its 5-minute state at 1,187,840 tokens is where run 3 starts",
         "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v3 --init-from ~/.cache/mlaq-train/tiny4k-v2/state.safetensors \\",
         f"    --phases {meta['phases']} --lr 1e-3 --warmup 10 --decay-tokens 500000 --seed 7   # run 3",
         "```",

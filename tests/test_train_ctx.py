@@ -146,7 +146,7 @@ def test_weighted_loss_is_the_weighted_mean_of_token_losses():
     from tiny_model import TinyGeometry, build_config
 
     geo = TinyGeometry(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                       q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
                        intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=32)  # fmt: skip
     torch.manual_seed(0)
     model = LeanTiny(build_config(geo, bos_token_id=0, eos_token_id=1).to_dict()).eval()
