@@ -1,7 +1,7 @@
 """Defaults of ``mlaq validate``, in a module without heavy imports (the CLI parser reads them).
 
-Sizes are chosen so the default run on the bundled model stays within about three minutes on two
-CPU cores (one torch thread; see the README's timing).
+The default run on the bundled mlaq-tiny-4k measured 263 s wall, 211 s CPU on one core of an AMD EPYC
+(Zen 3, AVX2; bench/validate_stages.py): over the 90-120 s the issues ask for (README, "The main job").
 """
 
 from __future__ import annotations
