@@ -45,41 +45,51 @@ def _legend(fig: Any, ax: Any) -> None:
     fig.tight_layout(rect=(0, 0, 0.82, 1))
 
 
-def _accuracy(rows: list, tasks: list[str], directory: Path, plt: Any, colour: dict[str, str]) -> str:
+def _banded(
+    rows: list,
+    tasks: list[str],
+    plt: Any,
+    colour: dict[str, str],
+    value: Any,
+    band: Any,
+    title: str,
+    ylabel: str,
+) -> tuple[Any, list]:
+    """One panel per task: value(cell) by length per scheme, with its interval band(cell) -> (lo, hi)."""
     fig, axes = _grid(plt, len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
         for label, v in rows:
-            cells = sorted((v["tasks"].get(task) or {}).items(), key=lambda kv: int(kv[0]))
-            xs = [int(n) for n, _ in cells]
-            ax.plot(xs, [100 * c["accuracy"] for _, c in cells], marker="o", color=colour[label], label=label)
-            low = [100 * c["ci_low"] for _, c in cells]
-            high = [100 * c["ci_high"] for _, c in cells]
-            ax.fill_between(xs, low, high, color=colour[label], alpha=0.12)
-        ax.set_title(f"{task}: accuracy (Wilson 95 % band)")
+            cells = [c for _, c in sorted((v["tasks"].get(task) or {}).items(), key=lambda kv: int(kv[0]))]
+            xs = sorted(int(n) for n in (v["tasks"].get(task) or {}))
+            ax.plot(xs, [value(c) for c in cells], marker="o", color=colour[label], label=label)
+            ax.fill_between(
+                xs, [band(c)[0] for c in cells], [band(c)[1] for c in cells], color=colour[label], alpha=0.12
+            )
+        ax.set_title(title.format(task=task))
         ax.set_xlabel("length (tokens)")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(-2, 102)
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     _legend(fig, axes[0])
+    return fig, axes
+
+
+def _accuracy(rows: list, tasks: list[str], directory: Path, plt: Any, colour: dict[str, str]) -> str:
+    fig, axes = _banded(
+        rows, tasks, plt, colour, lambda c: 100 * c["accuracy"], lambda c: (100 * c["ci_low"], 100 * c["ci_high"]),
+        "{task}: accuracy (Wilson 95 % band)", "accuracy (%)",
+    )  # fmt: skip
+    for ax in axes:
+        ax.set_ylim(-2, 102)
     return _save(fig, plt, directory, "task_accuracy.png")
 
 
 def _logprob(rows: list, tasks: list[str], directory: Path, plt: Any, colour: dict[str, str]) -> str:
-    fig, axes = _grid(plt, len(tasks))
-    for ax, task in zip(axes, tasks, strict=True):
-        for label, v in rows:
-            cells = sorted((v["tasks"].get(task) or {}).items(), key=lambda kv: int(kv[0]))
-            xs = [int(n) for n, _ in cells]
-            ax.plot(xs, [c["logprob_delta"] for _, c in cells], marker="o", color=colour[label], label=label)
-            lo = [c["logprob_delta_ci"][0] for _, c in cells]
-            hi = [c["logprob_delta_ci"][1] for _, c in cells]
-            ax.fill_between(xs, lo, hi, color=colour[label], alpha=0.12)
+    fig, axes = _banded(
+        rows, tasks, plt, colour, lambda c: c["logprob_delta"], lambda c: tuple(c["logprob_delta_ci"]),
+        "{task}: Δ answer log-prob vs bf16 (95 % band)", "nats",
+    )  # fmt: skip
+    for ax in axes:
         ax.axhline(0.0, color="black", linewidth=0.8)
-        ax.set_title(f"{task}: Δ answer log-prob vs bf16 (95 % band)")
-        ax.set_xlabel("length (tokens)")
-        ax.set_ylabel("nats")
-        ax.grid(alpha=0.3)
-    _legend(fig, axes[0])
     return _save(fig, plt, directory, "task_logprob_delta.png")
 
 
