@@ -239,13 +239,9 @@ def latent_attention_blocked(
         seen = reach[start:end].any(0).nonzero()  # (k, 1)
         last = int(seen[-1]) + 1 if seen.numel() else 1
         keys = min(num_keys, -(-last // KEY_ALIGN) * KEY_ALIGN)
-        m = mask[:, None, start:end, :keys]  # (B, 1, t', k)
         qb = q[:, :, start:end].reshape(b, n * (end - start), c)  # (B, N*t', L+R)
         scores = torch.bmm(qb, kf[:, :keys].transpose(1, 2)).view(b, n, end - start, keys)  # (B, N, t', k)
-        probs = torch.softmax(scores.mul_(scale).masked_fill_(~m, float("-inf")), dim=-1)
-        empty = ~m.any(-1, keepdim=True)  # rows that see no key: zeros, not NaN
-        if bool(empty.any()):
-            probs.masked_fill_(empty, 0.0)
-        probs = probs.to(dtype).float().view(b, n * (end - start), keys)
+        probs = masked_softmax(scores.mul_(scale), mask[:, start:end, :keys], dtype)
+        probs = probs.view(b, n * (end - start), keys)
         out[:, :, start:end] = torch.bmm(probs, kf[:, :keys, :lora]).view(b, n, end - start, lora)
     return out
