@@ -35,6 +35,8 @@ from tiny_model import TinyGeometry, build_config
 from tokenizers import Tokenizer
 from train_tiny import make_optimizer, update_router_bias
 
+from mlaq.model.linear import native_low_precision_gemm
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlaq-train"
 GEOMETRY = TinyGeometry(
@@ -78,19 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--export-only", action="store_true")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--autocast", choices=("auto", "bf16", "off"), default="auto",
-                   help="bf16 autocast for matmuls; auto: only where the CPU has native bf16 (AVX512_BF16 or "
-                        "AMX): on an AVX2-only CPU, oneDNN's bf16 matmul runs ~100x slower than fp32")  # fmt: skip
+                   help="bf16 autocast for matmuls; auto: only where torch has a native bf16 GEMM (oneDNN with "
+                        "AVX512_BF16 or AMX; mlaq.model.linear): on an AVX2-only CPU the bf16 matmul runs "
+                        "~100x slower than fp32")  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="tiny model, tiny corpus: for the CI test")
     return p.parse_args(argv)
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX512_BF16 or AMX-BF16), read from /proc/cpuinfo."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def phases(spec: str) -> list[tuple[int, int, int]]:
@@ -235,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
                 torch=torch.__version__, cpu=platform.processor() or platform.machine())  # fmt: skip
     if a.export_only:
         return do_export(model, cfg, tok, a, held_code, held_prose, meta)
-    bf16 = a.autocast == "bf16" or (a.autocast == "auto" and native_bf16())
+    bf16 = a.autocast == "bf16" or (a.autocast == "auto" and native_low_precision_gemm())
     meta["autocast"] = "bf16" if bf16 else "off (fp32)"
     print(f"matmuls in {'bf16 autocast' if bf16 else 'fp32'}", flush=True)
     step_fn = model if a.no_compile else torch.compile(model)
