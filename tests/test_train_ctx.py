@@ -112,6 +112,7 @@ def enc_of(tok):
 def test_split_query_marks_the_value_with_its_space_as_the_task_suite_splits_it(tok):
     """`assert k ==` + ` 48213`: the answer mask covers exactly the value's ids (with its leading space)."""
     enc = enc_of(tok)
+    split = 0
     for seed in range(20):
         rng = np.random.default_rng(seed)
         ids, mask = split_query("assert {k} == {v}", rng, enc, k="bo_ka", v="48213")
@@ -119,6 +120,11 @@ def test_split_query_marks_the_value_with_its_space_as_the_task_suite_splits_it(
         assert tok.decode(ids) == tok.decode(enc("assert bo_ka == 48213\n"))
         answer = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
         assert answer.strip() == "48213", answer
+        head = enc("assert bo_ka ==")
+        if ids[: len(head)] == head:  # split as the suite splits it: the answer is exactly " 48213"'s ids
+            split += 1
+            assert [i for i, m in zip(ids, mask, strict=True) if m] == enc(" 48213")
+    assert split >= 5, split
 
 
 def test_answers_of_task_windows_are_stated_earlier_in_the_window(tok):
