@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ctx_data import KERNEL_DOCS, PY_DOCS, Mix, code_texts, heldout_prose, make_window, prose_texts
+from ctx_data import KERNEL_DOCS, MIXES, PY_DOCS, code_texts, heldout_prose, make_window, prose_texts
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tiny_data import SPECIAL, encode_stream, tokenizer_config, train_tokenizer
@@ -62,6 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mtp-weight", type=float, default=0.3)
     p.add_argument(
         "--answer-weight", type=float, default=4.0, help="loss weight of tokens only the context gives"
+    )
+    p.add_argument(
+        "--mix",
+        choices=sorted(MIXES),
+        default="default",
+        help="task mix of the windows (scripts/ctx_data.py): dense = ~2x the key -> value answers per token",
     )
     p.add_argument("--init-from", type=Path, default=None,
                    help="a state file (weights + AdamW moments) or an exported model directory (weights "
@@ -181,6 +187,19 @@ def lr_at(step: int, tokens: int, total: int, a: argparse.Namespace) -> float:
     return lr
 
 
+@torch.no_grad()
+def answer_stats(
+    logits: torch.Tensor, targets: torch.Tensor, flags: torch.Tensor
+) -> tuple[float | None, float | None]:
+    """Mean CE and top-1 accuracy on the answer tokens only (what retrieval is): the number to watch."""
+    sel = flags.bool()
+    if not sel.any():
+        return None, None
+    rows, want = logits[sel].float(), targets[sel]
+    ce = torch.nn.functional.cross_entropy(rows, want)
+    return round(float(ce), 4), round(float((rows.argmax(-1) == want).float().mean()), 4)
+
+
 def do_export(model, cfg, tok, a, held_code: str, held_prose: str, meta: dict) -> None:
     export(model.checkpoint_tensors(), cfg, tok, tokenizer_config(cfg.max_position_embeddings), a.out)
     (a.out / "heldout.txt").write_text(held_code)
@@ -225,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
                                  "train_seconds": prior["train_seconds"], "phases": prior.get("phases"),
                                  "prior": prior.get("init_from")}  # fmt: skip
             print(f"new run from {a.init_from} ({prior['tokens']} tokens before)", flush=True)
-    meta.update(info=info, geometry=geo.__dict__, phases=a.phases, seed=a.seed, python=platform.python_version(),
+    meta.update(info=info, geometry=geo.__dict__, phases=a.phases, mix=a.mix, seed=a.seed, python=platform.python_version(),
                 torch=torch.__version__, cpu=platform.processor() or platform.machine())  # fmt: skip
     if a.export_only:
         return do_export(model, cfg, tok, a, held_code, held_prose, meta)
@@ -235,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     step_fn = model if a.no_compile else torch.compile(model)
     total = sum(n for _, _, n in plan)
     t0, last_save, last_export = time.time(), time.time(), time.time()
-    base_seconds, mix = meta["train_seconds"], Mix()
+    base_seconds, mix = meta["train_seconds"], MIXES[a.mix]
     while (ph := phase_at(meta["tokens"], plan)) < len(plan):
         seq, batch, _ = plan[ph]
         rng = np.random.default_rng([a.seed, meta["step"]])  # batch of step s depends on (seed, s) only
@@ -247,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
         for group in opt.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            _, _, main_ce, mtp_ce = step_fn(x, weights)
+            logits, _, main_ce, mtp_ce = step_fn(x, weights)
+        ans_ce, ans_acc = answer_stats(logits, x[:, 1:], flags)
         bal = sum(moe.stats[1] for moe in model.moe_layers())
         loss = main_ce + a.mtp_weight * mtp_ce + bal
         opt.zero_grad(set_to_none=True)
@@ -259,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         meta["tokens"] += batch * seq
         meta["train_seconds"] = base_seconds + time.time() - t0
         rec = {"step": meta["step"], "tokens": meta["tokens"], "seq": seq, "main": round(main_ce.item(), 4),
-               "mtp": round(mtp_ce.item(), 4), "lr": round(lr, 6), "gnorm": round(gnorm, 3),
+               "mtp": round(mtp_ce.item(), 4), "ans": ans_ce, "ans_acc": ans_acc, "lr": round(lr, 6), "gnorm": round(gnorm, 3),
                "max_load": round(load, 2), "min": round(meta["train_seconds"] / 60, 2)}  # fmt: skip
         if meta["step"] % 10 == 0:
             meta["history"].append(rec)
