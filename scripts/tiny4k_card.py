@@ -93,6 +93,9 @@ RUN_NOTES = (  # what each run of the shipped model did differently (see its tra
     "a 1,024-token window carries 4x the tasks per token)",
     "from run 2's last state; same machine and loss; 1,024-token windows only, lr 1e-3 decayed to 10 % over the "
     "last 500 K tokens",
+    "from run 3's shipped weights (AdamW moments fresh); same machine and loss; the retrieval-dense mix "
+    "(`--mix dense`: every fact of a key -> value window queried, ~2x the answers per token, 95 % of windows carry "
+    "a task) from 512 tokens up; lr 1e-3 after 40 warm-up steps, decayed to 10 % over the last 600 K tokens",
 )
 
 
@@ -216,9 +219,12 @@ def main() -> None:
         "    --phases 1024x4:400000,2048x2:700000,4096x1:800000 --lr 1e-3 --warmup 40 --decay-tokens 800000",
         "    # run 2 was stopped; its 5-minute state at 1,187,840 tokens is where run 3 starts",
         "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v3 --init-from ~/.cache/mlaq-train/tiny4k-v2/state.safetensors \\",
-        f"    --phases {meta['phases']} --lr 1e-3 --warmup 10 --decay-tokens 500000 --seed 7   # run 3",
+        "    --phases 1024x4:1400000 --lr 1e-3 --warmup 10 --decay-tokens 500000 --seed 7   # run 3",
+        "git worktree add /tmp/run3 383d2a1   # run 3's weights, as shipped before run 4",
+        "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v4 --init-from /tmp/run3/src/mlaq/assets/mlaq-tiny-4k \\",
+        f"    --mix dense --phases {meta['phases']} --lr 1e-3 --warmup 40 --decay-tokens 600000 --seed 11   # run 4",
         "```",
-        "Both runs are resumable (state every 5 minutes under ~/.cache/mlaq-train/RUN). To continue from the",
+        "All runs are resumable (state every 5 minutes under ~/.cache/mlaq-train/RUN). To continue from the",
         "shipped weights on a fresh machine: `--init-from src/mlaq/assets/mlaq-tiny-4k` (weights; AdamW moments",
         "start fresh). scripts/state holds run 1's end state; later states (87 MB each) are not committed: the",
         "repository's submissions are size-limited and one copy of the weights ships here already.",

@@ -19,7 +19,7 @@ from conftest import SRC
 pytest.importorskip("tokenizers")
 sys.path.insert(0, str(SRC.parent / "scripts"))
 
-from ctx_data import Mix, copy_window, kv_window, make_window, split_query, vartrack_window
+from ctx_data import DENSE, Mix, copy_window, kv_window, make_window, split_query, vartrack_window
 from tiny_data import train_tokenizer
 
 
@@ -94,6 +94,23 @@ def test_kv_window_queries_facts_stated_earlier(tok):
         last = text.strip().splitlines()[-1]
         keys = re.findall(r"[a-z]+(?:_[a-z0-9]+)+", last)
         assert keys and all(text.count(k) >= 2 for k in keys), (last, text[:300])
+
+
+def test_dense_kv_windows_query_every_fact(tok):
+    """--mix dense: each key stated in the window is queried (up to 32); the default mix queries only some
+    of them, so over the same draws dense asks more."""
+    hay = list(range(1000, 3000))
+    asked = {"dense": 0, "default": 0}
+    for seed in range(12):
+        for name, mix in (("dense", DENSE), ("default", Mix())):
+            w, _ = kv_window(hay, 1024, tok, np.random.default_rng(seed), mix)
+            text = tok.decode([i for i in w if i < 400])
+            keys = re.findall(r"[a-z]+(?:_[a-z0-9]+)+", text)
+            counts = {k: keys.count(k) for k in set(keys)}
+            asked[name] += sum(c >= 2 for c in counts.values())
+            if name == "dense" and len(counts) <= 32:
+                assert all(c >= 2 for c in counts.values()), counts
+    assert asked["dense"] > asked["default"], asked
 
 
 def test_copy_window_repeats_a_segment(tok):
