@@ -1,11 +1,11 @@
 """Where mlaq's engine spends prefill and batched-decode time: torch.profiler over ``mlaq.LLM``.
 
     python bench/peer_profile.py [--model DIR] [--prompt-len 2048] [--batch 1] [--decode-batch 8]
-        [--new-tokens 16] [--threads 1] [--dtype bfloat16] [--rows 15]
+        [--new-tokens 16] [--decode-prompt-len 64] [--threads 1] [--dtype bfloat16] [--rows 15]
 
 Two phases on the same engine, bf16 by default, greedy, ignore_eos, random token ids: prefill
 (``generate(max_tokens=1)`` of --batch prompts of --prompt-len tokens) and decode (--decode-batch
-prompts of 64 tokens, --new-tokens new ones; the prefill part is small). A warm-up call of each shape
+prompts of --decode-prompt-len tokens, default 64, --new-tokens new ones; their prefill is included). A warm-up call of each shape
 runs first. Prints wall and CPU time (user+sys) per phase and the top operators by self CPU time.
 """
 
@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--decode-batch", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--decode-prompt-len", type=int, default=64, help="context of the decode phase's prompts")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--rows", type=int, default=15)
@@ -72,7 +73,7 @@ def main() -> None:
     llm = LLM(
         a.model,
         dtype=getattr(torch, a.dtype),
-        max_model_len=a.prompt_len + a.new_tokens + 8,
+        max_model_len=max(a.prompt_len, a.decode_prompt_len) + a.new_tokens + 8,
         max_num_seqs=max(a.batch, a.decode_batch),
         compile=a.compile,
     )
@@ -86,10 +87,9 @@ def main() -> None:
             a.shapes,
         )
     if a.skip != "decode":
-        batch = prompts(a.decode_batch, 64, vocab)
-        phase(
-            llm, f"decode batch {a.decode_batch}, {a.new_tokens} new", batch, a.new_tokens, a.rows, a.shapes
-        )
+        batch = prompts(a.decode_batch, a.decode_prompt_len, vocab)
+        name = f"decode batch {a.decode_batch} x {a.decode_prompt_len}-token prompts, {a.new_tokens} new"
+        phase(llm, name, batch, a.new_tokens, a.rows, a.shapes)
 
 
 if __name__ == "__main__":
