@@ -95,7 +95,7 @@ RUN_NOTES = (  # what each run of the shipped model did differently (see its tra
     "last 500 K tokens",
     "from run 3's shipped weights (AdamW moments fresh); same machine and loss; the retrieval-dense mix "
     "(`--mix dense`: every fact of a key -> value window queried, ~2x the answers per token, 95 % of windows carry "
-    "a task) from 512 tokens up; lr 1e-3 after 40 warm-up steps, decayed to 10 % over the last 600 K tokens",
+    "a task) from 512 tokens up; lr 1e-3 after 40 warm-up steps, decayed to 10 % over the last 700 K tokens",
 )
 
 
@@ -222,7 +222,7 @@ def main() -> None:
         "    --phases 1024x4:1400000 --lr 1e-3 --warmup 10 --decay-tokens 500000 --seed 7   # run 3",
         "git worktree add /tmp/run3 383d2a1   # run 3's weights, as shipped before run 4",
         "chrt -r 10 .venv/bin/python scripts/train_ctx.py --run tiny4k-v4 --init-from /tmp/run3/src/mlaq/assets/mlaq-tiny-4k \\",
-        f"    --mix dense --phases {meta['phases']} --lr 1e-3 --warmup 40 --decay-tokens 600000 --seed 11   # run 4",
+        f"    --mix dense --phases {meta['phases']} --lr 1e-3 --warmup 40 --decay-tokens 700000 --seed 11   # run 4",
         "```",
         "All runs are resumable (state every 5 minutes under ~/.cache/mlaq-train/RUN). To continue from the",
         "shipped weights on a fresh machine: `--init-from src/mlaq/assets/mlaq-tiny-4k` (weights; AdamW moments",

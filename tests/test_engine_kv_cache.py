@@ -101,6 +101,23 @@ def test_gather_of_a_ragged_batch_returns_what_was_written():
         assert c_kv.shape[-1] == L and k_pe.shape[-1] == R
 
 
+def test_gather_layers_equals_per_layer_gathers_call_after_call():
+    """gather_layers reuses one output buffer: each call still returns exactly what was written (zeros past
+    each length), for batches of different shapes one after another, a bigger one growing the buffer."""
+    bm, cache = make()
+    g = torch.Generator().manual_seed(1)
+    for s, n in {"a": 7, "b": 3, "c": 12}.items():
+        bm.grow(s, n)
+        for layer in range(2):
+            cache.write(layer, bm.slot_mapping(s, 0, n), torch.randn(n, L + R, generator=g))
+    for order in (["a", "b"], ["c", "a", "b"], ["b"], ["b", "a"]):
+        batch = bm.batch_slots(order)
+        both = cache.gather_layers(2, batch)
+        expected = [cache.gather(layer, batch)[0] for layer in range(2)]
+        for layer in range(2):
+            assert torch.equal(both[layer], expected[layer]), (order, layer)
+
+
 def test_speculative_rollback_frees_rejected_slots_and_rewrites():
     bm, cache = make(block_size=4)
     prompt = torch.randn(6, L + R)

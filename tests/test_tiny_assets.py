@@ -162,3 +162,30 @@ def test_both_assets_are_package_data() -> None:
     )  # [tool.setuptools.package-data]
     for name in BUNDLED_MODELS:
         assert f'"assets/{name}/*"' in line, f"asset {name} not package data: {line}"
+
+
+def _needle_hits(model_dir: Path, length: int, samples: int) -> int:
+    import torch
+    from tokenizers import Tokenizer
+
+    from mlaq.model import load_model
+    from mlaq.validate.tasks.generators import make_sample
+    from mlaq.validate.tasks.haystack import Haystack
+    from mlaq.validate.tasks.scoring import score_variants
+    from mlaq.validate.tasks.spec import TaskConfig
+
+    model = load_model(model_dir, dtype=torch.bfloat16)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    encode = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+    hay = Haystack("heldout-prose.txt", tuple(encode((model_dir / "heldout-prose.txt").read_text())))
+    cfg = TaskConfig(tasks=("needle",), lengths=(length,), samples=samples, seed=3)
+    ss = [make_sample("needle", length, i, cfg, hay, encode) for i in range(samples)]
+    scores = score_variants(ss, ["bf16"], lambda v: model, lambda v: v, batch_tokens=cfg.batch_tokens)
+    return sum(s.correct for s in scores["bf16"])
+
+
+def test_the_default_model_retrieves_a_needle_from_held_out_prose() -> None:
+    """The shipped weights are the ones that learned retrieval (issue 15): bf16, the task suite's needle at
+    1,024 tokens in held-out English prose, fresh keys and values. A model that does not retrieve scores 0
+    here (the weights shipped before, after 8.3 M tokens, scored 0 of 8 at 512 and 1,024 tokens)."""
+    assert _needle_hits(DEFAULT, 1024, 8) >= 6
