@@ -9,7 +9,7 @@ from pathlib import Path
 import mlaq
 
 ROOT = Path(mlaq.__file__).resolve().parent
-ORDER = ("settings", "bundled", "formats", "bmm", "policy", "model", "engine", "validate", "cli")
+ORDER = ("settings", "libc", "bundled", "formats", "bmm", "policy", "model", "engine", "validate", "cli")
 
 
 def _module_name(path: Path) -> str:

@@ -243,7 +243,8 @@ def test_ctrl_c_is_a_clean_stop(checkpoint, tmp_path, monkeypatch, capsys) -> No
 
 _FRAGMENT = """
 import sys, torch
-from mlaq.validate.stream.budget import current_rss, return_freed_memory
+from mlaq.libc import return_freed_memory
+from mlaq.validate.stream.budget import current_rss
 if sys.argv[1] == "fixed":
     assert return_freed_memory()
 big = torch.ones(2**22)  # 16 MiB: mapped; once freed, glibc raises its mmap threshold to 16 MiB

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from mlaq.engine.engine import LLMEngine
 from mlaq.engine.outputs import RequestOutput
 from mlaq.engine.sampling_params import SamplingParams
+from mlaq.libc import heap_trimmer
 from mlaq.serve.errors import APIError
 from mlaq.serve.metrics import ServerMetrics
 
@@ -227,20 +226,6 @@ class AsyncEngine:
         for s in pending:
             s.finished = True
         self._deliver([(s, exc) for s in pending])
-
-
-def heap_trimmer() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim`` (None on another libc). Each step frees tensors of shapes that
-    change with the batch and its context lengths; glibc keeps the freed pages of its arenas (and,
-    once a large block was freed, serves even large tensors from them), so a serving process's RSS
-    creeps up over many steps. Trimming when the engine goes idle returns those pages to the OS."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        return ctypes.CDLL(name).malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
 
 
 def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:

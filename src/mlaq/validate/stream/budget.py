@@ -10,8 +10,6 @@ and reported beside the budget.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import re
 import resource
 from dataclasses import dataclass
@@ -54,28 +52,6 @@ def parse_size(text: str) -> int:
 def gib(n: float) -> str:
     """Bytes as a short human figure (GiB above 1 GiB, else MiB)."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
-MMAP_THRESHOLD = 2**20  # allocations from 1 MiB up get their own mapping, returned to the OS when freed
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
-
-
-def return_freed_memory() -> bool:
-    """Make glibc's malloc give every freed buffer of ``MMAP_THRESHOLD`` bytes or more back to the OS.
-
-    By default glibc raises its mmap threshold to the size of each mapped block freed (up to 32 MiB):
-    after the first layer's weights are released, buffers of up to 32 MiB come from the heap instead,
-    where freed ones stay resident (fragmentation), and the resident set of a streamed run creeps a
-    layer's worth above what it holds. A fixed threshold turns the adjustment off. Called once per
-    streamed run (not at import); a no-op (False) where the C library is not glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def current_rss() -> int:

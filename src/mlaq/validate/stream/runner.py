@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from mlaq.engine.tokenizer import Tokenizer
+from mlaq.libc import return_freed_memory
 from mlaq.model.kv_b import apply_decision
 from mlaq.model.layer_source import LayerSource, StreamedLayer
 from mlaq.model.mla_core import AbsorbedWeights
@@ -29,7 +30,7 @@ from mlaq.model.step import step_positions
 from mlaq.policy import decide_from_dir
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
 from mlaq.validate.metrics import Buckets
-from mlaq.validate.stream.budget import Plan, current_rss, peak_rss, plan, return_freed_memory
+from mlaq.validate.stream.budget import Plan, current_rss, peak_rss, plan
 from mlaq.validate.stream.mtp import mtp_stage
 from mlaq.validate.stream.progress import LayerProgress, NullLayerProgress
 from mlaq.validate.stream.sizes import shape_and_sizes
