@@ -267,6 +267,10 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(job["threads"])
+    if a.engine.startswith("mlaq"):  # what mlaq generate / serve / validate do (mlaq.libc)
+        from mlaq.libc import keep_freed_memory
+
+        keep_freed_memory()
     result = run(a.engine, job)
     result["pid_threads"] = job["threads"]
     result["env"] = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "OMP_"))}

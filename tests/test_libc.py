@@ -41,7 +41,7 @@ def test_keep_freed_memory_reuses_pages_without_faulting():
     ok, kept = _faults("keep_freed_memory")
     _, default = _faults("none")
     assert ok
-    assert default > 4 * 2 * 16000 and kept < default / 10, (default, kept)
+    assert default > 4 * 2 * 16000 and kept <= default / 8, (default, kept)  # 0 or one tensor seen
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")

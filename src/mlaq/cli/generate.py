@@ -72,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     from mlaq.bundled import model_or_default
     from mlaq.engine.llm import LLM
     from mlaq.engine.sampling_params import SamplingParams
+    from mlaq.libc import keep_freed_memory
 
+    keep_freed_memory()  # batched decode makes and frees tens-of-MB tensors every step (mlaq.libc)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     warn_drafts_unusable("generate", _spec_k(args.speculative_config), "--max-tokens", args.max_tokens)
     llm = LLM(

@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from mlaq.bundled import model_or_default
+    from mlaq.libc import keep_freed_memory
     from mlaq.serve.server import EngineArgs, build_state, run_server
 
     level = getattr(logging, args.uvicorn_log_level.upper())
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"mlaq serve needs the serve extra ({exc.name} is missing): pip install 'mlaq[serve]'"
         ) from None
+    keep_freed_memory()  # batched decode's tens-of-MB temporaries; idle steps trim (mlaq.libc)
     engine_args = EngineArgs(
         model=model_or_default(args.model),
         dtype=args.dtype,
