@@ -38,6 +38,7 @@ import torch
 
 from mlaq.cli import validate as validate_cli
 from mlaq.model import DeepseekForCausalLM
+from mlaq.model.allocator import retain_freed_memory
 from mlaq.validate.sources import engine as engine_source
 
 STAGES = (
@@ -132,6 +133,7 @@ def run(args: argparse.Namespace, torch_ops: int) -> tuple[Clock, dict, float, f
     from mlaq.validate.verdict import VerdictConfig
 
     config = validate_cli.config_from_args(args)
+    retain_freed_memory()  # as the CLI does for an in-memory run
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = Clock()

@@ -239,6 +239,10 @@ def run(args: argparse.Namespace) -> int:
 
         budget = args.memory_budget or DEFAULT_BUDGET
         source = StreamSource(config, budget, layer_progress=make_layer_progress(not args.no_progress))
+    else:  # in memory: freed tensors reused, not faulted in again (a streamed run returns them instead)
+        from mlaq.model.allocator import retain_freed_memory
+
+        retain_freed_memory()
     out = prepare_out(args.out) if args.out else None  # before measuring: a bad --out costs nothing
     try:
         record = measure(config, progress=make_progress(not args.no_progress), source=source)

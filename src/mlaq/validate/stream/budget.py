@@ -10,11 +10,11 @@ and reported beside the budget.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import re
 import resource
 from dataclasses import dataclass
+
+from mlaq.model.allocator import M_MMAP_THRESHOLD, mallopt
 
 _UNITS = {
     "": 1,
@@ -57,7 +57,6 @@ def gib(n: float) -> str:
 
 
 MMAP_THRESHOLD = 2**20  # allocations from 1 MiB up get their own mapping, returned to the OS when freed
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 
 
 def return_freed_memory() -> bool:
@@ -68,14 +67,7 @@ def return_freed_memory() -> bool:
     where freed ones stay resident (fragmentation), and the resident set of a streamed run creeps a
     layer's worth above what it holds. A fixed threshold turns the adjustment off. Called once per
     streamed run (not at import); a no-op (False) where the C library is not glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def current_rss() -> int:
