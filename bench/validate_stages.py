@@ -40,6 +40,7 @@ from mlaq.cli import validate as validate_cli
 from mlaq.model import DeepseekForCausalLM
 from mlaq.model.allocator import retain_freed_memory
 from mlaq.validate.sources import engine as engine_source
+from mlaq.validate.sources import windows as windows_source
 
 STAGES = (
     "reference capture",
@@ -90,16 +91,17 @@ class Clock:
 @contextlib.contextmanager
 def instrumented(clock: Clock) -> Iterator[None]:
     """Timers around the engine source's stage functions (restored afterwards)."""
-    mod = engine_source
+    mod, win = engine_source, windows_source
     patches = {
-        (mod, "capture_reference"): "reference capture",
-        (mod, "_teacher_forced_logits"): "teacher-forced stream",
-        (mod, "project_input"): "per-layer attention",
-        (mod, "attention_output"): "per-layer attention",
-        (mod, "flip_reference"): "flips",
-        (mod, "_add_flips"): "flips",
-        (mod, "operand_stats"): "per-op",
-        (mod, "op_errors"): "per-op",
+        (win, "capture_reference"): "reference capture",
+        (win, "_teacher_forced_logits"): "teacher-forced stream",
+        (win, "project_input"): "per-layer attention",
+        (win, "attention_output"): "per-layer attention",
+        (win, "flip_reference"): "flips",
+        (win, "_add_flips"): "flips",
+        (win, "exact"): "per-op",
+        (win, "operand_stats"): "per-op",
+        (win, "op_errors"): "per-op",
         (mod, "generate"): "generation",
         (mod.tasks, "score"): "task suite",
     }
