@@ -116,6 +116,25 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> T
     return probs.to(dtype).float()
 
 
+def masked_softmax_(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """:func:`masked_softmax` computed in place in ``scores`` (float32 (B, N, T, K), owned by the caller)
+    and returned: the same values bit for bit, without its four full-size temporaries. Under autograd
+    (``scores`` requires grad) it is masked_softmax itself."""
+    if scores.requires_grad:
+        return masked_softmax(scores, mask, dtype)
+    if mask is not None:
+        m = mask[:, None, :, :]  # (B, 1, T, K)
+        scores.masked_fill_(~m, float("-inf"))
+    torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # row by row: each read before written
+    if mask is not None:
+        rows = m.any(-1, keepdim=True)  # (B, 1, T, 1)
+        if not bool(rows.all()):  # rows that see no key: zeros, not NaN
+            scores.masked_fill_(~rows, 0.0)
+    if dtype != torch.float32:
+        scores.copy_(scores.to(dtype))
+    return scores
+
+
 def is_causal(mask: Tensor | None) -> bool:
     """Whether mask (B, T, K) is exactly the top-left causal mask (T = K, query i sees keys 0..i):
     a whole prompt without padding, which SDPA's ``is_causal`` runs without reading a mask."""
@@ -184,7 +203,7 @@ def absorbed_scores(q_nope: Tensor, q_pe: Tensor, keys: Tensor, w: AbsorbedWeigh
     b, t, n, _ = q_nope.shape
     q = absorbed_queries(q_nope, q_pe, w)  # (B, N, T, L+R)
     scores = torch.bmm(q.reshape(b, n * t, -1), keys.float().transpose(1, 2))  # (B, N*T, K)
-    return scores.view(b, n, t, -1) * scale
+    return scores.view(b, n, t, -1).mul_(scale)
 
 
 def absorbed_attention(
@@ -204,7 +223,7 @@ def absorbed_attention(
         o_latent = latent_attention_blocked(q, keys.float(), mask, lora, scale, dtype)  # (B, N, T, L)
     else:
         kf = keys.float()  # (B, K, L+R)
-        probs = masked_softmax(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, dtype)  # (B, N, T, K)
+        probs = masked_softmax_(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, dtype)  # (B, N, T, K)
         o_latent = torch.bmm(probs.view(b, n * t, -1), kf[:, :, :lora]).view(b, n, t, lora)
     o_latent = o_latent.transpose(0, 1).to(dtype)  # (N, B, T, L)
     out = w.scheme_uv.apply(o_latent.reshape(n, b * t, lora), w.w_uv)  # (N, B*T, V)
@@ -241,7 +260,7 @@ def latent_attention_blocked(
         keys = min(num_keys, -(-last // KEY_ALIGN) * KEY_ALIGN)
         qb = q[:, :, start:end].reshape(b, n * (end - start), c)  # (B, N*t', L+R)
         scores = torch.bmm(qb, kf[:, :keys].transpose(1, 2)).view(b, n, end - start, keys)  # (B, N, t', k)
-        probs = masked_softmax(scores.mul_(scale), mask[:, start:end, :keys], dtype)
+        probs = masked_softmax_(scores.mul_(scale), mask[:, start:end, :keys], dtype)
         probs = probs.view(b, n * (end - start), keys)
         out[:, :, start:end] = torch.bmm(probs, kf[:, :keys, :lora]).view(b, n, end - start, lora)
     return out
