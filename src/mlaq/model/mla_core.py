@@ -147,7 +147,14 @@ def is_causal(mask: Tensor | None) -> bool:
 
 
 def naive_attention(
-    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, kv_b: Tensor, scale: float
+    q_nope: Tensor,
+    q_pe: Tensor,
+    keys: Tensor,
+    mask: Tensor | None,
+    kv_b: Tensor,
+    scale: float,
+    *,
+    causal: bool = False,
 ) -> Tensor:
     """Decompress every key: K_nope = W_UK c_kv, V = W_UV c_kv; ordinary attention. -> (B, T, N, V).
 
@@ -158,7 +165,8 @@ def naive_attention(
     DeepSeek-V3) so that torch takes its flash kernel, not the math path (which materialises the
     (T, K) scores and a masked softmax); a plain causal mask goes as ``is_causal`` (the kernel skips
     the blocks above the diagonal). Rows that see no key (possible only under a DSA key mask) take
-    the unfused path, which gives them zeros.
+    the unfused path, which gives them zeros. ``causal=True``: the caller knows ``mask`` is exactly
+    the square causal mask (``is_causal``), and the check over its T x K entries is skipped.
     """
     b, _, n, p = q_nope.shape
     lora = kv_b.shape[1]
@@ -166,14 +174,14 @@ def naive_attention(
     kv = linear(c_kv, kv_b)  # (B, K, N*(P+V)), rounded to the compute dtype
     kv = kv.view(b, keys.shape[1], n, -1)  # (B, K, N, P+V)
     k_nope, v = kv.split([p, kv.shape[-1] - p], dim=-1)  # (B, K, N, P), (B, K, N, V)
-    if mask is None or bool(mask.any(dim=-1).all()):
+    if causal or mask is None or bool(mask.any(dim=-1).all()):
         q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(1, 2)  # (B, N, T, P+R)
         k_pe_heads = k_pe[:, :, None, :].expand(-1, -1, n, -1)  # the shared rope key, every head
         k = torch.cat((k_nope, k_pe_heads), dim=-1).transpose(1, 2)  # (B, N, K, P+R)
         vh = v.transpose(1, 2)  # (B, N, K, V)
         if vh.shape[-1] != q.shape[-1]:  # torch's CPU flash kernel needs V's head dim = QK's
             vh = torch.nn.functional.pad(vh, (0, q.shape[-1] - vh.shape[-1]))  # zero columns
-        causal = is_causal(mask)
+        causal = causal or is_causal(mask)
         attn_mask = None if mask is None or causal else mask[:, None, :, :]  # (B, 1, T, K)
         o = torch.nn.functional.scaled_dot_product_attention(
             q, k, vh, attn_mask=attn_mask, is_causal=causal, scale=scale
