@@ -24,6 +24,7 @@ M_TRIM_THRESHOLD = -1  # mallopt parameter numbers (glibc's malloc.h)
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 1 << 30  # blocks below 1 GiB come from the heap (glibc accepts up to HEAP_MAX/2)
 TRIM_THRESHOLD = (1 << 31) - 1  # free heap top kept up to 2 GiB (an int parameter)
+DEFAULT_TRIM_THRESHOLD = 128 * 1024  # glibc's own default (what a streamed run restores)
 
 
 def mallopt(param: int, value: int) -> bool:

@@ -14,7 +14,7 @@ import re
 import resource
 from dataclasses import dataclass
 
-from mlaq.model.allocator import M_MMAP_THRESHOLD, mallopt
+from mlaq.model.allocator import DEFAULT_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
 
 _UNITS = {
     "": 1,
@@ -66,8 +66,10 @@ def return_freed_memory() -> bool:
     after the first layer's weights are released, buffers of up to 32 MiB come from the heap instead,
     where freed ones stay resident (fragmentation), and the resident set of a streamed run creeps a
     layer's worth above what it holds. A fixed threshold turns the adjustment off. Called once per
-    streamed run (not at import); a no-op (False) where the C library is not glibc."""
-    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    streamed run (not at import); a no-op (False) where the C library is not glibc. The heap's trim
+    threshold goes back to glibc's default, in case an in-memory run in this process raised it
+    (``mlaq.model.allocator.retain_freed_memory``)."""
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
 
 
 def current_rss() -> int:
