@@ -40,3 +40,17 @@ def test_retained_memory_is_not_faulted_in_again() -> None:
     assert ok
     assert default >= (CYCLES - 1) * pages  # glibc's default: each 64 MiB block mapped and faulted anew
     assert retained <= 2 * pages  # kept: the blocks reused (measured: one block's pages in all)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_streamed_runs_setting_returns_memory_again_after_retaining() -> None:
+    """return_freed_memory (a streamed run) after retain_freed_memory (an in-memory run, same process):
+    freed blocks are unmapped again, so every 64 MiB block is faulted in anew."""
+    probe = _PROBE.format(cycles=CYCLES).replace(
+        "ok = retain_freed_memory() if",
+        "from mlaq.model.allocator import return_freed_memory\nok = retain_freed_memory() and return_freed_memory() if",
+    )
+    out = subprocess.run([sys.executable, "-c", probe, "retain"], capture_output=True, text=True, check=True)
+    ok, faults = out.stdout.split()
+    assert ok == "1"
+    assert int(faults) >= (CYCLES - 1) * (64 << 20) // 4096

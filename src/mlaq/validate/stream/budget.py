@@ -11,10 +11,9 @@ and reported beside the budget.
 from __future__ import annotations
 
 import re
-import resource
 from dataclasses import dataclass
 
-from mlaq.model.allocator import DEFAULT_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
+from mlaq.model.allocator import current_rss, peak_rss, return_freed_memory  # noqa: F401  (re-exported)
 
 _UNITS = {
     "": 1,
@@ -54,39 +53,6 @@ def parse_size(text: str) -> int:
 def gib(n: float) -> str:
     """Bytes as a short human figure (GiB above 1 GiB, else MiB)."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
-MMAP_THRESHOLD = 2**20  # allocations from 1 MiB up get their own mapping, returned to the OS when freed
-
-
-def return_freed_memory() -> bool:
-    """Make glibc's malloc give every freed buffer of ``MMAP_THRESHOLD`` bytes or more back to the OS.
-
-    By default glibc raises its mmap threshold to the size of each mapped block freed (up to 32 MiB):
-    after the first layer's weights are released, buffers of up to 32 MiB come from the heap instead,
-    where freed ones stay resident (fragmentation), and the resident set of a streamed run creeps a
-    layer's worth above what it holds. A fixed threshold turns the adjustment off. Called once per
-    streamed run (not at import); a no-op (False) where the C library is not glibc. The heap's trim
-    threshold goes back to glibc's default, in case an in-memory run in this process raised it
-    (``mlaq.model.allocator.retain_freed_memory``)."""
-    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
-
-
-def current_rss() -> int:
-    """The process's resident set now, bytes (Linux /proc; the peak as a fallback elsewhere)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return peak_rss()
-
-
-def peak_rss() -> int:
-    """The process's peak resident set so far, bytes (ru_maxrss is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @dataclass(frozen=True)
