@@ -37,8 +37,10 @@ from pathlib import Path
 import torch
 
 from mlaq.cli import validate as validate_cli
+from mlaq.libc import keep_freed_memory
 from mlaq.model import DeepseekForCausalLM
 from mlaq.validate.sources import engine as engine_source
+from mlaq.validate.sources import windows as windows_source
 
 STAGES = (
     "reference capture",
@@ -89,16 +91,17 @@ class Clock:
 @contextlib.contextmanager
 def instrumented(clock: Clock) -> Iterator[None]:
     """Timers around the engine source's stage functions (restored afterwards)."""
-    mod = engine_source
+    mod, win = engine_source, windows_source
     patches = {
-        (mod, "capture_reference"): "reference capture",
-        (mod, "_teacher_forced_logits"): "teacher-forced stream",
-        (mod, "project_input"): "per-layer attention",
-        (mod, "attention_output"): "per-layer attention",
-        (mod, "flip_reference"): "flips",
-        (mod, "_add_flips"): "flips",
-        (mod, "operand_stats"): "per-op",
-        (mod, "op_errors"): "per-op",
+        (win, "capture_reference"): "reference capture",
+        (win, "_teacher_forced_logits"): "teacher-forced stream",
+        (win, "project_input"): "per-layer attention",
+        (win, "attention_output"): "per-layer attention",
+        (win, "flip_reference"): "flips",
+        (win, "_add_flips"): "flips",
+        (win, "exact"): "per-op",
+        (win, "operand_stats"): "per-op",
+        (win, "op_errors"): "per-op",
         (mod, "generate"): "generation",
         (mod.tasks, "score"): "task suite",
     }
@@ -132,6 +135,7 @@ def run(args: argparse.Namespace, torch_ops: int) -> tuple[Clock, dict, float, f
     from mlaq.validate.verdict import VerdictConfig
 
     config = validate_cli.config_from_args(args)
+    keep_freed_memory()  # as the CLI does for an in-memory run
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = Clock()

@@ -23,7 +23,7 @@ from mlaq.model.mla import AttnPath
 from mlaq.settings import Settings
 from mlaq.validate.capture import attention_output, capture_reference, project_input
 from mlaq.validate.config import bundled_model_dir
-from mlaq.validate.sources.engine import _teacher_forced_logits
+from mlaq.validate.sources.windows import _teacher_forced_logits
 
 
 def prepare(model, scheme: str) -> None:

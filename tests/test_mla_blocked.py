@@ -107,3 +107,33 @@ def test_absorbed_attention_takes_the_blocked_path_for_long_runs(scheme):
     # bf16 outputs: equal, or (where fp32 reassociation crossed a rounding boundary) one bf16 step apart
     assert (diff <= want.float().abs() * 2**-7).all()
     assert (diff > 0).float().mean() <= 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("holes", ["causal", "holes_and_empty_rows", "none"])
+def test_in_place_masked_softmax_equals_masked_softmax(dtype, holes):
+    """masked_softmax_ (the absorbed path's, in place) gives masked_softmax's values bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(2, N, 50, 70, generator=g) * 4
+    mask = (
+        None if holes == "none" else torch.ones(50, 70, dtype=torch.bool).tril(20).expand(2, 50, 70).clone()
+    )
+    if holes == "holes_and_empty_rows":
+        mask &= torch.rand(2, 50, 70, generator=g) < 0.5
+        mask[1, 7] = False  # a row that sees no key: zeros
+    want = mla_core.masked_softmax(scores, mask, dtype)
+    owned = scores.clone()
+    got = mla_core.masked_softmax_(owned, mask, dtype)
+    assert got.data_ptr() == owned.data_ptr()  # in place
+    assert torch.equal(got, want)
+    assert not torch.isnan(got).any()
+    if holes == "holes_and_empty_rows":
+        assert torch.equal(got[1, :, 7], torch.zeros(N, 70))
+
+
+def test_in_place_masked_softmax_under_autograd_is_out_of_place():
+    scores = torch.randn(1, N, 5, 5, requires_grad=True)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
+    got = mla_core.masked_softmax_(scores * 1.0, mask, torch.float32)
+    got.sum().backward()  # differentiable
+    assert torch.equal(got, mla_core.masked_softmax(scores, mask, torch.float32))

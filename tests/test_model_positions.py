@@ -98,3 +98,32 @@ def test_logits_index_keeps_one_position_per_row(model):
     assert _rel(mtp_one.logits[:, 0], mtp_full.logits[torch.arange(2), index - 1]) <= 1e-6
     with pytest.raises(ValueError, match="logits_index must have shape"):
         model.prefill(ids, logits_index=torch.tensor([1]))
+
+
+@pytest.mark.parametrize("starts", [(0,), (0, 0, 0), (0, 2), (3,), (1, 1)])
+@pytest.mark.parametrize("t", [1, 2, 6])
+def test_step_causal_flag_is_the_square_lower_triangle(starts, t):
+    """StepPositions.causal (the naive path then skips comparing the mask) holds exactly when the
+    mask is the square causal mask is_causal recognises."""
+    from mlaq.model import mla_core
+    from mlaq.model.step import step_positions
+
+    step = step_positions(starts, t, RopeTable(Rope(8, 10000.0)))
+    assert step.causal == mla_core.is_causal(step.mask)
+    assert step.causal == (t > 1 and max(starts) == 0)
+
+
+def test_prefill_passes_the_causal_flag_instead_of_checking_the_mask(model, monkeypatch):
+    from mlaq.model import mla_core
+
+    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    want = model.prefill(ids, ModelCache()).logits
+    checked = []
+    real = mla_core.is_causal
+    monkeypatch.setattr(mla_core, "is_causal", lambda m: checked.append(1) or real(m))
+    assert torch.equal(model.prefill(ids, ModelCache()).logits, want)
+    assert checked == []  # known from the positions: the (T, K) mask was not compared
+    cache = ModelCache()
+    model.prefill(ids[:, :4], cache)
+    model.prefill(ids[:, 4:], cache)  # continuing a cache: not the square mask, checked
+    assert checked

@@ -52,7 +52,7 @@ def test_projected_once_replays_every_scheme_bit_for_bit(model) -> None:
 def test_the_streams_first_layer_is_its_replay(model) -> None:
     """validate reuses the stream's first-layer attention as that layer's replay (same model: the
     first layer's input does not depend on the BMMs): it must be the replay, bit for bit."""
-    from mlaq.validate.sources.engine import _teacher_forced_logits
+    from mlaq.validate.sources.windows import _teacher_forced_logits
 
     _prepare(model, "bf16")
     index = {ch: i for i, ch in enumerate(CHARS)}
@@ -66,5 +66,35 @@ def test_the_streams_first_layer_is_its_replay(model) -> None:
         assert torch.equal(out, attention_output(model, first))
         assert not torch.equal(out, first.ref_out)
         assert _teacher_forced_logits(model, ids)[1] is None
+    finally:
+        _prepare(model, "bf16")
+
+
+def test_shared_exact_products_give_each_schemes_per_op_errors_bit_for_bit(model) -> None:
+    """validate computes a layer's exact BMM products once (theory.exact) and shares them across the
+    schemes' op_errors and operand_stats: the figures must be those computed from scratch."""
+    import dataclasses
+
+    from mlaq.validate.theory import exact, op_errors, operand_stats
+
+    _prepare(model, "bf16")
+    index = {ch: i for i, ch in enumerate(CHARS)}
+    ids = torch.tensor([[index.get(ch, 0) for ch in eval_text()[:100]]])
+    window = capture_reference(model, ids)
+    refs = {inp.layer: model.model.layers[inp.layer].self_attn.absorbed for inp in window.layers}
+    shared = {inp.layer: exact(refs[inp.layer], inp) for inp in window.layers}
+    for inp in window.layers:
+        assert operand_stats(refs[inp.layer], inp, shared[inp.layer]) == operand_stats(refs[inp.layer], inp)
+    try:
+        for scheme in ("mxfp4", "fp8_per_block"):
+            _prepare(model, scheme)
+            for inp in window.layers:
+                ab, ref = model.model.layers[inp.layer].self_attn.absorbed, refs[inp.layer]
+                got = op_errors(ab, ref, inp, shared[inp.layer])
+                assert got == op_errors(ab, ref, inp)
+                assert got.bmm_uk > 0 and got.bmm_uv > 0
+                # the products are the reference's: other products give other errors
+                wrong = dataclasses.replace(shared[inp.layer], y_uk=shared[inp.layer].y_uk * 1.01)
+                assert op_errors(ab, ref, inp, wrong).bmm_uk != got.bmm_uk
     finally:
         _prepare(model, "bf16")

@@ -25,7 +25,12 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 M_MMAP_MAX = -4
 MMAP_THRESHOLD = 2**20  # return_freed_memory: allocations from 1 MiB up get their own mapping
+KEEP_MMAP_THRESHOLD = (
+    2**30
+)  # keep_freed_memory: blocks below 1 GiB from the heap (glibc accepts up to HEAP_MAX/2)
 KEEP_TRIM_THRESHOLD = 2**31 - 1  # keep_freed_memory: trim the heap only above 2 GiB free at its top
+DEFAULT_TRIM_THRESHOLD = 128 * 1024  # glibc's own (what return_freed_memory puts back)
+DEFAULT_MMAP_MAX = 65536  # glibc's own
 
 
 def _libc_function(name: str) -> Callable | None:
@@ -46,8 +51,9 @@ def mallopt(param: int, value: int) -> bool:
 
 
 def keep_freed_memory() -> bool:
-    """Serve every allocation from the heap (no per-block mappings) and keep freed pages for reuse."""
-    return mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD)
+    """Serve blocks below 1 GiB from the heap (no per-block mappings) and keep up to 2 GiB of freed pages at
+    its top for reuse."""
+    return mallopt(M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD)
 
 
 def return_freed_memory() -> bool:
@@ -56,8 +62,14 @@ def return_freed_memory() -> bool:
     By default glibc raises its mmap threshold to the size of each mapped block freed (up to 32 MiB):
     after the first layer's weights are released, buffers of up to 32 MiB come from the heap instead,
     where freed ones stay resident (fragmentation), and the resident set of a streamed run creeps a
-    layer's worth above what it holds. A fixed threshold turns the adjustment off."""
-    return mallopt(M_MMAP_MAX, 65536) and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    layer's worth above what it holds. A fixed threshold turns the adjustment off. Mappings and the trim
+    threshold go back to glibc's defaults, in case an in-memory run in this process kept freed memory
+    (tests, notebooks)."""
+    return (
+        mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
+        and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        and mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+    )
 
 
 def heap_trimmer() -> Callable[[int], int] | None:

@@ -104,5 +104,6 @@ class DecoderLayer(nn.Module):
             if shared_key_mask is None:
                 raise ValueError(f"layer {self.layer} shares DSA top-k but no earlier layer computed one")
             key_mask = shared_key_mask
-        out = attn.attend(proj.q_nope, proj.q_pe, keys, step.with_key_mask(key_mask), path)
+        causal = step.causal and key_mask is None  # known here: the naive path need not check the mask
+        out = attn.attend(proj.q_nope, proj.q_pe, keys, step.with_key_mask(key_mask), path, causal=causal)
         return out, proj.latent, key_mask

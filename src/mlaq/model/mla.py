@@ -205,11 +205,19 @@ class MLAttention(nn.Module):
         return MLAProjection(q_nope, q_pe, latent, q_latent)
 
     def attend(
-        self, q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, path: AttnPath
+        self,
+        q_nope: Tensor,
+        q_pe: Tensor,
+        keys: Tensor,
+        mask: Tensor | None,
+        path: AttnPath,
+        *,
+        causal: bool = False,
     ) -> Tensor:
         """Attention of queries (B, T, N, P) / (B, T, N, R) over latent keys (B, K, L+R) under a bool mask
         (B, T, K) (None: every key visible), then o_proj -> (B, T, H). For engines that assemble keys and
-        masks themselves."""
+        masks themselves. ``causal``: the caller knows ``mask`` is exactly the square causal mask (T = K,
+        query i sees keys 0..i), so the naive path need not compare it with one."""
         c = self.config
         b, t = q_nope.shape[:2]
         if keys.dim() != 3 or keys.shape[0] != b or keys.shape[2] != c.latent_dim:
@@ -222,7 +230,7 @@ class MLAttention(nn.Module):
             )
         scale = self.softmax_scale
         if path is AttnPath.NAIVE:
-            o = naive_attention(q_nope, q_pe, keys, mask, self.naive_kv_b(), scale)
+            o = naive_attention(q_nope, q_pe, keys, mask, self.naive_kv_b(), scale, causal=causal)
         elif path is AttnPath.ABSORBED:
             o = absorbed_attention(q_nope, q_pe, keys, mask, self._checked_absorbed(), scale)
         else:

@@ -116,6 +116,25 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> T
     return probs.to(dtype).float()
 
 
+def masked_softmax_(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """:func:`masked_softmax` computed in place in ``scores`` (float32 (B, N, T, K), owned by the caller)
+    and returned: the same values bit for bit, without its four full-size temporaries. Under autograd
+    (``scores`` requires grad) it is masked_softmax itself."""
+    if scores.requires_grad:
+        return masked_softmax(scores, mask, dtype)
+    if mask is not None:
+        m = mask[:, None, :, :]  # (B, 1, T, K)
+        scores.masked_fill_(~m, float("-inf"))
+    torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # row by row: each read before written
+    if mask is not None:
+        rows = m.any(-1, keepdim=True)  # (B, 1, T, 1)
+        if not bool(rows.all()):  # rows that see no key: zeros, not NaN
+            scores.masked_fill_(~rows, 0.0)
+    if dtype != torch.float32:
+        scores.copy_(scores.to(dtype))
+    return scores
+
+
 def is_causal(mask: Tensor | None) -> bool:
     """Whether mask (B, T, K) is exactly the top-left causal mask (T = K, query i sees keys 0..i):
     a whole prompt without padding, which SDPA's ``is_causal`` runs without reading a mask."""
@@ -128,7 +147,14 @@ def is_causal(mask: Tensor | None) -> bool:
 
 
 def naive_attention(
-    q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor | None, kv_b: Tensor, scale: float
+    q_nope: Tensor,
+    q_pe: Tensor,
+    keys: Tensor,
+    mask: Tensor | None,
+    kv_b: Tensor,
+    scale: float,
+    *,
+    causal: bool = False,
 ) -> Tensor:
     """Decompress every key: K_nope = W_UK c_kv, V = W_UV c_kv; ordinary attention. -> (B, T, N, V).
 
@@ -139,7 +165,8 @@ def naive_attention(
     DeepSeek-V3) so that torch takes its flash kernel, not the math path (which materialises the
     (T, K) scores and a masked softmax); a plain causal mask goes as ``is_causal`` (the kernel skips
     the blocks above the diagonal). Rows that see no key (possible only under a DSA key mask) take
-    the unfused path, which gives them zeros.
+    the unfused path, which gives them zeros. ``causal=True``: the caller knows ``mask`` is exactly
+    the square causal mask (``is_causal``), and the check over its T x K entries is skipped.
     """
     b, _, n, p = q_nope.shape
     lora = kv_b.shape[1]
@@ -147,14 +174,14 @@ def naive_attention(
     kv = linear(c_kv, kv_b)  # (B, K, N*(P+V)), rounded to the compute dtype
     kv = kv.view(b, keys.shape[1], n, -1)  # (B, K, N, P+V)
     k_nope, v = kv.split([p, kv.shape[-1] - p], dim=-1)  # (B, K, N, P), (B, K, N, V)
-    if mask is None or bool(mask.any(dim=-1).all()):
+    if causal or mask is None or bool(mask.any(dim=-1).all()):
         q = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1).transpose(1, 2)  # (B, N, T, P+R)
         k_pe_heads = k_pe[:, :, None, :].expand(-1, -1, n, -1)  # the shared rope key, every head
         k = torch.cat((k_nope, k_pe_heads), dim=-1).transpose(1, 2)  # (B, N, K, P+R)
         vh = v.transpose(1, 2)  # (B, N, K, V)
         if vh.shape[-1] != q.shape[-1]:  # torch's CPU flash kernel needs V's head dim = QK's
             vh = torch.nn.functional.pad(vh, (0, q.shape[-1] - vh.shape[-1]))  # zero columns
-        causal = is_causal(mask)
+        causal = causal or is_causal(mask)
         attn_mask = None if mask is None or causal else mask[:, None, :, :]  # (B, 1, T, K)
         o = torch.nn.functional.scaled_dot_product_attention(
             q, k, vh, attn_mask=attn_mask, is_causal=causal, scale=scale
@@ -184,7 +211,7 @@ def absorbed_scores(q_nope: Tensor, q_pe: Tensor, keys: Tensor, w: AbsorbedWeigh
     b, t, n, _ = q_nope.shape
     q = absorbed_queries(q_nope, q_pe, w)  # (B, N, T, L+R)
     scores = torch.bmm(q.reshape(b, n * t, -1), keys.float().transpose(1, 2))  # (B, N*T, K)
-    return scores.view(b, n, t, -1) * scale
+    return scores.view(b, n, t, -1).mul_(scale)
 
 
 def absorbed_attention(
@@ -204,7 +231,7 @@ def absorbed_attention(
         o_latent = latent_attention_blocked(q, keys.float(), mask, lora, scale, dtype)  # (B, N, T, L)
     else:
         kf = keys.float()  # (B, K, L+R)
-        probs = masked_softmax(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, dtype)  # (B, N, T, K)
+        probs = masked_softmax_(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, dtype)  # (B, N, T, K)
         o_latent = torch.bmm(probs.view(b, n * t, -1), kf[:, :, :lora]).view(b, n, t, lora)
     o_latent = o_latent.transpose(0, 1).to(dtype)  # (N, B, T, L)
     out = w.scheme_uv.apply(o_latent.reshape(n, b * t, lora), w.w_uv)  # (N, B*T, V)
@@ -241,7 +268,7 @@ def latent_attention_blocked(
         keys = min(num_keys, -(-last // KEY_ALIGN) * KEY_ALIGN)
         qb = q[:, :, start:end].reshape(b, n * (end - start), c)  # (B, N*t', L+R)
         scores = torch.bmm(qb, kf[:, :keys].transpose(1, 2)).view(b, n, end - start, keys)  # (B, N, t', k)
-        probs = masked_softmax(scores.mul_(scale), mask[:, start:end, :keys], dtype)
+        probs = masked_softmax_(scores.mul_(scale), mask[:, start:end, :keys], dtype)
         probs = probs.view(b, n * (end - start), keys)
         out[:, :, start:end] = torch.bmm(probs, kf[:, :keys, :lora]).view(b, n, end - start, lora)
     return out

@@ -25,6 +25,7 @@ class StepPositions:
     cos: Tensor  # (B, T, R) float32, per channel (mlaq.model.rope.rotate)
     sin: Tensor  # (B, T, R) float32, per channel and signed
     mask: Tensor | None  # (B, T, K) bool causal mask; None when every query sees all K keys
+    causal: bool = False  # mask is exactly the square top-left causal mask (every row starts at 0, T > 1)
 
     @property
     def uniform(self) -> bool:
@@ -81,4 +82,5 @@ def _build(positions: Tensor, starts: tuple[int, ...], table: RopeTable) -> Step
     if t > 1 or len(set(starts)) > 1:
         key_pos = torch.arange(num_keys, device=positions.device)
         mask = key_pos[None, None, :] <= positions[:, :, None]  # (B, T, K)
-    return StepPositions(positions, starts, num_keys, cos, sin, mask)
+    # every row at 0..T-1 over K = T keys: query i sees keys 0..i, the lower triangle itself
+    return StepPositions(positions, starts, num_keys, cos, sin, mask, mask is not None and max(starts) == 0)

@@ -1,7 +1,8 @@
 """Defaults of ``mlaq validate``, in a module without heavy imports (the CLI parser reads them).
 
-The default run on the bundled mlaq-tiny-4k measured 263 s wall, 211 s CPU on one core of an AMD EPYC
-(Zen 3, AVX2; bench/validate_stages.py): over the 90-120 s the issues ask for (README, "The main job").
+The default run on the bundled mlaq-tiny-4k measured 175 s CPU on one shared core of an AMD EPYC (Zen 3,
+AVX2; bench/validate_stages.py, bench/RESULTS.md): over the 90-120 s the issues ask for (README, "The main
+job").
 """
 
 from __future__ import annotations

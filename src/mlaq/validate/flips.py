@@ -25,7 +25,7 @@ from mlaq.model.mla_core import (
     absorbed_scores,
     assemble_keys,
     attention_mask,
-    masked_softmax,
+    masked_softmax_,
 )
 from mlaq.validate.capture import LayerInput
 from mlaq.validate.metrics import BucketSums
@@ -134,4 +134,4 @@ def add_flips(sums: BucketSums, layer: int, f: FlipRows) -> None:
 def _weights(
     q_nope: Tensor, q_pe: Tensor, keys: Tensor, mask: Tensor, w: AbsorbedWeights, scale: float
 ) -> Tensor:
-    return masked_softmax(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, torch.float32)[0]
+    return masked_softmax_(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, torch.float32)[0]

@@ -12,75 +12,21 @@ Order of work (one model per dtype stays loaded; schemes are re-prepared in plac
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-import torch
 
 from mlaq.engine.tokenizer import Tokenizer
-from mlaq.model import ModelCache
 from mlaq.model.config import ModelConfig
-from mlaq.model.mla import AttnPath
-from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.policy import decide_from_dir
-from mlaq.validate.capture import (
-    LayerInput,
-    ProjectedInput,
-    attention_output,
-    capture_reference,
-    project_input,
-)
-from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
-from mlaq.validate.flips import FlipReference, add_flips, attention_flips, flip_reference
+from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant
 from mlaq.validate.generation import generate
-from mlaq.validate.metrics import Buckets, BucketSums, PositionDivergence, divergence, relative_error_terms
+from mlaq.validate.metrics import Buckets
 from mlaq.validate.progress import NullProgress, Progress
-from mlaq.validate.record import (
-    GenerationRecord,
-    LayerRef,
-    OpRecord,
-    Record,
-    SpecCounts,
-    TaskScoreRecord,
-    VariantRecord,
-)
+from mlaq.validate.record import GenerationRecord, Record, SpecCounts
 from mlaq.validate.sources import common
+from mlaq.validate.sources import windows as windows_source
+from mlaq.validate.sources.windows import Run
 from mlaq.validate.tasks import run as tasks
 from mlaq.validate.text import load_eval_text
-from mlaq.validate.theory import op_errors, operand_stats
-from mlaq.validate.variants import ModelPool, scheme_descriptions
-
-
-@dataclass
-class _Run:
-    """What is being measured for one variant (mutable while the source runs)."""
-
-    variant: Variant
-    windows: list[BucketSums] = field(default_factory=list)
-    layers: dict[int, bool] = field(default_factory=dict)  # layer -> is MTP
-    ops: list[OpRecord] = field(default_factory=list)
-    generation: GenerationRecord | None = None
-    descriptions: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-    per_token: dict[str, list[list[float]]] = field(default_factory=dict)
-    tasks: list[TaskScoreRecord] = field(default_factory=list)
-
-    def freeze(self, decisions: list[dict]) -> VariantRecord:
-        v = self.variant
-        return VariantRecord(
-            name=v.name,
-            kind=v.kind.value,
-            dtype=common.dtype_name(v.dtype),
-            schemes=dict(self.descriptions),
-            positions=common.totals(self.windows),
-            layers=[LayerRef(i, mtp) for i, mtp in sorted(self.layers.items())],
-            ops=list(self.ops),
-            generation=self.generation,
-            decisions=decisions if v.kind is VariantKind.AS_CONFIGURED else [],
-            seconds=self.seconds,
-            per_token=dict(self.per_token),
-            tasks=list(self.tasks),
-        )
+from mlaq.validate.variants import ModelPool
 
 
 class EngineSource:
@@ -133,7 +79,7 @@ class EngineSource:
             )
         candidates = config.variants(reference)
         others = ([self.noise_floor] if self.noise_floor is not None else []) + list(candidates)
-        runs = {v: _Run(v) for v in [reference, *others]}
+        runs = {v: Run(v) for v in [reference, *others]}
         pool = ModelPool(config)
         if config.num_speculative_tokens and pool.model(reference).num_mtp_layers == 0:
             raise ValueError(
@@ -149,7 +95,7 @@ class EngineSource:
         ok = False
         try:
             t1 = time.perf_counter()
-            operands = _teacher_forced(
+            operands = windows_source.teacher_forced(
                 pool, runs, reference, others, windows, buckets, progress, config.flip_rows
             )
             timings["teacher_forced_and_per_layer"] = time.perf_counter() - t1
@@ -212,130 +158,3 @@ class EngineSource:
             source=self.name,
             tasks=None if drawn is None else drawn.record(timings.get("tasks", 0.0)),
         )
-
-
-def _teacher_forced(
-    pool: ModelPool,
-    runs: dict[Variant, _Run],
-    reference: Variant,
-    others: Sequence[Variant],
-    windows: Sequence[torch.Tensor],
-    buckets: Buckets,
-    progress: Progress,
-    flip_rows: int = 0,
-) -> dict[int, dict[str, float]]:
-    """Per window: capture under the reference, then every variant teacher-forced and per layer (with
-    the attention flips on ``flip_rows`` sampled query rows, for variants in the reference's dtype).
-    Returns the first window's operand statistics per layer."""
-    operands: dict[int, dict[str, float]] = {}
-    ref_run = runs[reference]
-    ref_abs: dict[int, AbsorbedWeights] = {}
-    for w, ids in enumerate(windows):
-        progress.step(f"reference capture, window {w + 1}/{len(windows)}")
-        start = time.perf_counter()
-        ref_model = pool.model(reference)
-        window = capture_reference(ref_model, ids)
-        nll = -window.logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0]  # (T-1,)
-        ref_run.windows.append(sums := BucketSums(buckets))
-        sums.add("nll", torch.arange(nll.shape[0]), nll)
-        if w == 0:  # per-op figures on the first window (the reference's weights are snapshotted)
-            ref_abs = _absorbed(ref_model, window.layers)
-            for inp in window.layers:
-                operands[inp.layer] = operand_stats(ref_abs[inp.layer], inp)
-                ref_run.ops.append(_op(op_errors(ref_abs[inp.layer], ref_abs[inp.layer], inp)))
-            ref_run.descriptions = scheme_descriptions(ref_model)
-        flip_refs = (
-            [flip_reference(ref_model, inp, ref_abs[inp.layer], flip_rows) for inp in window.layers]
-            if flip_rows
-            else []
-        )
-        ref_run.seconds += time.perf_counter() - start
-        projected: dict[tuple[int, int], ProjectedInput] = {}  # (id(model), layer) -> projected input
-        for v in others:
-            progress.step(f"{v.name}: teacher-forced window {w + 1}/{len(windows)}, per-layer attention")
-            start = time.perf_counter()
-            model = pool.model(v)
-            runs[v].windows.append(sums := BucketSums(buckets))
-            # the first layer's input in this stream IS its captured input when the model is the
-            # reference's (same weights, only the BMMs re-prepared): its replay is the stream's output
-            first = window.layers[0].layer if model is ref_model else None
-            logits, first_out = _teacher_forced_logits(model, ids, first)  # (T, V), (T, H) | None
-            d = _add_divergence(sums, window.logprobs, logits, ids[0, 1:])
-            for name, values in common.per_token_values(d).items():
-                runs[v].per_token.setdefault(name, []).append(values)
-            del logits
-            outputs = {} if first is None else {first: first_out}
-            for inp in window.layers:
-                if inp.layer not in outputs:  # the projections do not depend on the scheme: once per model
-                    key = (id(model), inp.layer)
-                    if key not in projected:
-                        projected[key] = project_input(model, inp)
-                    outputs[inp.layer] = attention_output(model, inp, projected[key])
-            _add_layer_errors(runs[v], sums, window.layers, outputs)
-            if v.dtype == reference.dtype:
-                _add_flips(sums, model, flip_refs)
-            if w == 0:
-                abs_v = _absorbed(model, window.layers)
-                runs[v].ops = [_op(op_errors(abs_v[i.layer], ref_abs[i.layer], i)) for i in window.layers]
-                runs[v].descriptions = scheme_descriptions(model)
-            runs[v].seconds += time.perf_counter() - start
-    return operands
-
-
-def _teacher_forced_logits(
-    model: torch.nn.Module, ids: torch.Tensor, keep: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The whole window (1, T) through the absorbed (decode) path -> logits (T, V), and layer
-    ``keep``'s attention output (o_proj's, (T, H) float32) when asked for."""
-    kept: list[torch.Tensor] = []
-    hook = None
-    if keep is not None:
-        o_proj = model.model.layers[keep].self_attn.o_proj
-        hook = o_proj.register_forward_hook(lambda _m, _args, out: kept.append(out[0].float()))
-    try:
-        logits = model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]
-    finally:
-        if hook is not None:
-            hook.remove()
-    return logits, kept[0] if kept else None
-
-
-def _op(o) -> OpRecord:  # theory.OpError -> the record's plain copy
-    return OpRecord(o.layer, o.weight_uk, o.weight_uv, o.act_uk, o.act_uv, o.bmm_uk, o.bmm_uv)
-
-
-def _add_divergence(
-    sums: BucketSums, ref_logprobs: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor
-) -> PositionDivergence:
-    d = divergence(ref_logprobs, logits, targets)
-    positions = torch.arange(ref_logprobs.shape[0])
-    sums.add("kl", positions, d.kl)
-    sums.add("top1", positions, d.top1)
-    sums.add("nll_delta", positions[:-1], d.nll_delta)
-    return d
-
-
-def _add_layer_errors(
-    run: _Run, sums: BucketSums, layers: Sequence[LayerInput], outputs: dict[int, torch.Tensor]
-) -> None:
-    """Each layer's attention output under the variant (``outputs``, (T', H) each) against the reference."""
-    for inp in layers:
-        diff2, ref2 = relative_error_terms(outputs[inp.layer], inp.ref_out)  # (T',) each
-        sums.add(f"attn_diff2/{inp.layer}", inp.positions[0], diff2)
-        sums.add(f"attn_ref2/{inp.layer}", inp.positions[0], ref2)
-        run.layers[inp.layer] = inp.mtp
-
-
-def _add_flips(sums: BucketSums, model: torch.nn.Module, refs: Sequence[FlipReference]) -> None:
-    for ref in refs:
-        add_flips(sums, ref.layer, attention_flips(model, ref))
-
-
-def _absorbed(model: torch.nn.Module, layers: Sequence[LayerInput]) -> dict[int, AbsorbedWeights]:
-    """Each layer's prepared BMM weights now (immutable: safe to keep across re-preparation)."""
-    out = {}
-    for inp in layers:
-        ab = model.model.layers[inp.layer].self_attn.absorbed
-        assert ab is not None
-        out[inp.layer] = ab
-    return out
