@@ -8,7 +8,7 @@ policies, each chosen by the command that owns the process (never at import):
 - :func:`keep_freed_memory` (in-memory ``mlaq validate``, ``mlaq generate``, ``mlaq serve``; a program
   that embeds ``mlaq.LLM`` may call it too): every block from the heap, nothing trimmed on free, so freed
   pages are reused without faults; the resident set stays near its peak. Batch-32 decode at 512-token
-  contexts: ~300 -> ~40-130 ms CPU per step (bench/RESULTS.md).
+  contexts: ~330 -> ~115 ms CPU per step (bench/RESULTS.md).
 - :func:`return_freed_memory` (``--stream``): a fixed 1 MiB threshold, so every freed buffer of that size
   goes back to the OS and a streamed run's resident set follows what it holds.
 - :func:`heap_trimmer` (``mlaq serve``): ``malloc_trim``, called when the engine goes idle (returns the
