@@ -114,9 +114,6 @@ class LatentKVCache:
         self.extra = {
             layer: torch.zeros(num_slots, d, dtype=c.dtype) for layer, d in enumerate(c.extra_dims) if d
         }
-        # gather_layers' output buffer, reused call after call: a fresh (layers, B, S, L+R) tensor is tens of
-        # MB at batch 32, and glibc maps such blocks anew each time (page faults cost more than the copy)
-        self._gathered = torch.empty(0, dtype=c.storage_dtype)
 
     @property
     def nbytes(self) -> int:
@@ -160,8 +157,8 @@ class LatentKVCache:
 
     def gather_layers(self, num_layers: int, batch: BatchSlots) -> Sequence[Tensor]:
         """Layers 0..num_layers-1 at once: (num_layers, B, S_max, width), zeros past each length (one
-        gather for all layers when none has indexer columns). May be a view of the storage or of a buffer
-        the next gather_layers overwrites: read it before the next write or gather."""
+        gather for all layers when none has indexer columns). May be a view of the storage: read it
+        before the next write."""
         c = self.config
         if any(c.extra_dims[:num_layers]):
             return [self.gather(layer, batch)[0] for layer in range(num_layers)]
@@ -169,17 +166,10 @@ class LatentKVCache:
             # one sequence in consecutive slots: a view, no copy of its history (read-only use)
             s = batch.num_slots
             return self.data[:num_layers, None, batch.first_slot : batch.first_slot + s]  # (n, 1, S, L+R)
+        stored = self.data[:num_layers, batch.slots]  # (n, B, S_max, L+R)
         if c.kv_cache_dtype is KVCacheDtype.FP8_E4M3:
-            stored = dequantize_fp8_e4m3(self.data[:num_layers, batch.slots], c.scale, c.dtype)
-            return stored.masked_fill(~batch.mask[None, :, :, None], 0) if batch.padded else stored
-        slots = batch.slots  # (B, S_max)
-        need = num_layers * slots.numel() * c.entry_size
-        if self._gathered.numel() < need:
-            self._gathered = torch.empty(need, dtype=self.data.dtype)
-        out = self._gathered[:need].view(num_layers, slots.numel(), c.entry_size)
-        torch.index_select(self.data[:num_layers], 1, slots.reshape(-1), out=out)
-        out = out.view(num_layers, *slots.shape, c.entry_size)  # (n, B, S_max, L+R)
-        return out.masked_fill_(~batch.mask[None, :, :, None], 0) if batch.padded else out
+            stored = dequantize_fp8_e4m3(stored, c.scale, c.dtype)
+        return stored.masked_fill(~batch.mask[None, :, :, None], 0) if batch.padded else stored
 
     def write_layers(self, slots: Tensor | slice, entries: Sequence[Tensor] | Tensor) -> None:
         """Layer i of ``entries`` (T, width_i) at ``slots`` (T,) or a slice, for layers 0..len(entries)-1
