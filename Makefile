@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 # MLA geometry, 4K context; see the README for its time on 2 CPU cores); the report (report.md,
 # report.json, PNG plots with matplotlib) goes to build/validate.
 demo: venv
-	$(VENV)/bin/mlaq validate --out build/validate
+	$(VENV)/bin/mlaq validate --threads 0 --out build/validate
 
 test: venv
 	$(PY) -m pytest -q
