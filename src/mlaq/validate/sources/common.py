@@ -10,9 +10,9 @@ import torch
 
 import mlaq
 from mlaq.model.config import ModelConfig
-from mlaq.validate.config import ValidateConfig
+from mlaq.validate.config import ValidateConfig, Variant
 from mlaq.validate.metrics import BucketSums, PositionDivergence
-from mlaq.validate.record import Totals
+from mlaq.validate.record import LayerRef, Totals
 from mlaq.validate.text import EvalData
 
 
@@ -106,3 +106,17 @@ def totals(per_window: list[BucketSums]) -> dict[str, Totals]:
             counts.append(s.counts[name].tolist() if name in s.counts else zero)
         out[name] = Totals(sums, counts)
     return out
+
+
+def variant_fields(
+    v: Variant, descriptions: dict[str, str], per_window: list[BucketSums], layers: dict[int, bool]
+) -> dict[str, Any]:
+    """The fields every source fills alike in a VariantRecord: names, dtype, schemes, position totals, layers."""
+    return {
+        "name": v.name,
+        "kind": v.kind.value,
+        "dtype": dtype_name(v.dtype),
+        "schemes": dict(descriptions),
+        "positions": totals(per_window),
+        "layers": [LayerRef(i, mtp) for i, mtp in sorted(layers.items())],
+    }

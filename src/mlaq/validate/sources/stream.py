@@ -15,7 +15,7 @@ from typing import Any
 
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
 from mlaq.validate.progress import Progress
-from mlaq.validate.record import LayerRef, OpRecord, Record, TaskScoreRecord, VariantRecord
+from mlaq.validate.record import OpRecord, Record, TaskScoreRecord, VariantRecord
 from mlaq.validate.sources import common
 from mlaq.validate.stream.budget import parse_size
 from mlaq.validate.stream.progress import LayerProgress
@@ -66,12 +66,7 @@ def _variant(s: Stream, m: StreamMeasurement) -> VariantRecord:
     if m.tasks is not None and v in m.tasks.scores:  # the suite runs the reference and candidates
         tasks = [TaskScoreRecord(x.correct, x.logprob, x.token_accuracy) for x in m.tasks.results(v)]
     return VariantRecord(
-        name=v.name,
-        kind=v.kind.value,
-        dtype=common.dtype_name(v.dtype),
-        schemes=dict(s.descriptions),
-        positions=common.totals(s.sums),
-        layers=[LayerRef(i, mtp) for i, mtp in sorted(s.layers.items())],
+        **common.variant_fields(v, s.descriptions, s.sums, s.layers),
         ops=[
             OpRecord(o.layer, o.weight_uk, o.weight_uv, o.act_uk, o.act_uv, o.bmm_uk, o.bmm_uv) for o in s.ops
         ],

@@ -26,7 +26,7 @@ from mlaq.validate.config import Variant, VariantKind
 from mlaq.validate.flips import FlipReference, add_flips, attention_flips, flip_reference
 from mlaq.validate.metrics import Buckets, BucketSums, PositionDivergence, divergence, relative_error_terms
 from mlaq.validate.progress import Progress
-from mlaq.validate.record import GenerationRecord, LayerRef, OpRecord, TaskScoreRecord, VariantRecord
+from mlaq.validate.record import GenerationRecord, OpRecord, TaskScoreRecord, VariantRecord
 from mlaq.validate.sources import common
 from mlaq.validate.theory import Exact, exact, op_errors, operand_stats
 from mlaq.validate.variants import ModelPool, scheme_descriptions
@@ -49,12 +49,7 @@ class Run:
     def freeze(self, decisions: list[dict]) -> VariantRecord:
         v = self.variant
         return VariantRecord(
-            name=v.name,
-            kind=v.kind.value,
-            dtype=common.dtype_name(v.dtype),
-            schemes=dict(self.descriptions),
-            positions=common.totals(self.windows),
-            layers=[LayerRef(i, mtp) for i, mtp in sorted(self.layers.items())],
+            **common.variant_fields(v, self.descriptions, self.windows, self.layers),
             ops=list(self.ops),
             generation=self.generation,
             decisions=decisions if v.kind is VariantKind.AS_CONFIGURED else [],
