@@ -102,8 +102,8 @@ def test_gather_of_a_ragged_batch_returns_what_was_written():
 
 
 def test_gather_layers_equals_per_layer_gathers_call_after_call():
-    """gather_layers reuses one output buffer: each call still returns exactly what was written (zeros past
-    each length), for batches of different shapes one after another, a bigger one growing the buffer."""
+    """gather_layers (all layers in one gather) returns exactly what the per-layer gathers do (zeros past
+    each length), for batches of different shapes one after another."""
     bm, cache = make()
     g = torch.Generator().manual_seed(1)
     for s, n in {"a": 7, "b": 3, "c": 12}.items():

@@ -6,9 +6,9 @@ of tens of MB (a 2,048-token window's attention scores, a batch's gathered cache
 faults on every iteration — more than the arithmetic on a CPU that computes the rest in fp32 GEMMs. Three
 policies, each chosen by the command that owns the process (never at import):
 - :func:`keep_freed_memory` (in-memory ``mlaq validate``, ``mlaq generate``, ``mlaq serve``; a program
-  that embeds ``mlaq.LLM`` may call it too): every block from the heap, nothing trimmed on free, so freed
-  pages are reused without faults; the resident set stays near its peak. Batch-32 decode at 512-token
-  contexts: ~330 -> ~115 ms CPU per step (bench/RESULTS.md).
+  that embeds ``mlaq.LLM`` may call it too): blocks below 1 GiB from the heap, up to 2 GiB of freed pages
+  kept at its top, so freed pages are reused without faults; the resident set stays near its peak.
+  Batch-32 decode at 512-token contexts: ~330 -> ~115 ms CPU per step (bench/RESULTS.md).
 - :func:`return_freed_memory` (``--stream``): a fixed 1 MiB threshold, so every freed buffer of that size
   goes back to the OS and a streamed run's resident set follows what it holds.
 - :func:`heap_trimmer` (``mlaq serve``): ``malloc_trim``, called when the engine goes idle (returns the
@@ -23,14 +23,12 @@ from collections.abc import Callable
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
-M_MMAP_MAX = -4
 MMAP_THRESHOLD = 2**20  # return_freed_memory: allocations from 1 MiB up get their own mapping
-KEEP_MMAP_THRESHOLD = (
-    2**30
-)  # keep_freed_memory: blocks below 1 GiB from the heap (glibc accepts up to HEAP_MAX/2)
-KEEP_TRIM_THRESHOLD = 2**31 - 1  # keep_freed_memory: trim the heap only above 2 GiB free at its top
+# keep_freed_memory: blocks below 1 GiB from the heap (glibc accepts up to HEAP_MAX/2), and the heap's top
+# trimmed only above 2 GiB free
+KEEP_MMAP_THRESHOLD = 2**30
+KEEP_TRIM_THRESHOLD = 2**31 - 1
 DEFAULT_TRIM_THRESHOLD = 128 * 1024  # glibc's own (what return_freed_memory puts back)
-DEFAULT_MMAP_MAX = 65536  # glibc's own
 
 
 def _libc_function(name: str) -> Callable | None:
@@ -62,14 +60,10 @@ def return_freed_memory() -> bool:
     By default glibc raises its mmap threshold to the size of each mapped block freed (up to 32 MiB):
     after the first layer's weights are released, buffers of up to 32 MiB come from the heap instead,
     where freed ones stay resident (fragmentation), and the resident set of a streamed run creeps a
-    layer's worth above what it holds. A fixed threshold turns the adjustment off. Mappings and the trim
-    threshold go back to glibc's defaults, in case an in-memory run in this process kept freed memory
-    (tests, notebooks)."""
-    return (
-        mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
-        and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        and mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
-    )
+    layer's worth above what it holds. A fixed threshold turns the adjustment off. The trim threshold
+    goes back to glibc's default, in case an in-memory run in this process kept freed memory (tests,
+    notebooks)."""
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
 
 
 def heap_trimmer() -> Callable[[int], int] | None:
