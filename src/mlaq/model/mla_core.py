@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
-from mlaq.model.linear import linear
+from mlaq.model.linear import linear, native_low_precision_gemm
 
 
 class Precision(Enum):
@@ -229,11 +229,10 @@ def absorbed_attention(
     lora = w.w_uk.shape[2]
     if mask is not None and t >= 2 * QUERY_BLOCK:
         q = absorbed_queries(q_nope, q_pe, w)  # (B, N, T, L+R)
-        o_latent = latent_attention_blocked(q, keys.float(), mask, lora, scale, dtype)  # (B, N, T, L)
+        o_latent = latent_attention_blocked(q, keys, mask, lora, scale, dtype)  # (B, N, T, L)
     else:
-        kf = keys.float()  # (B, K, L+R)
         probs = masked_softmax_(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, dtype)  # (B, N, T, K)
-        o_latent = torch.bmm(probs.view(b, n * t, -1), kf[:, :, :lora]).view(b, n, t, lora)
+        o_latent = latent_values(probs.view(b, n * t, -1), keys[:, :, :lora], dtype).view(b, n, t, lora)
     o_latent = o_latent.transpose(0, 1).to(dtype)  # (N, B, T, L)
     out = w.scheme_uv.apply(o_latent.reshape(n, b * t, lora), w.w_uv)  # (N, B*T, V)
     return out.view(n, b, t, -1).permute(1, 2, 0, 3).to(dtype)  # (B, T, N, V)
@@ -243,22 +242,41 @@ QUERY_BLOCK = 256  # query rows per block of latent_attention_blocked
 KEY_ALIGN = 512  # a block's key range is rounded up to a multiple of this (see latent_attention_blocked)
 
 
+def latent_values(probs: Tensor, c_kv: Tensor, dtype: torch.dtype) -> Tensor:
+    """The value matmul o_latent = probs @ c_kv: probs (B, M, K) float32 holding values of the compute
+    ``dtype``, c_kv (B, K, L) -> (B, M, L) float32; its values are rounded to ``dtype`` unless ``dtype``
+    is float32 (then the float32 product, unrounded).
+
+    Both operands are exact in ``dtype``, so a bf16 GEMM (exact products, float32 accumulation, one
+    rounding to bf16: FlashMLA's P @ V) and a float32 GEMM rounded once to bf16 compute the same sums
+    in different orders (about 1 output in 3,000 differs by one bf16 ulp). Where the CPU has a native
+    bf16 GEMM (oneDNN on AVX-512 BF16 or AMX) the bf16 one runs: 2.1-2.4x faster on an AMD EPYC Zen 4;
+    elsewhere the float32 one (torch's generic bf16 kernel is several times slower).
+    """
+    if dtype in (torch.bfloat16, torch.float16) and native_low_precision_gemm():
+        return torch.bmm(probs.to(dtype), c_kv.to(dtype)).float()
+    out = torch.bmm(probs, c_kv.float())
+    return out if dtype == torch.float32 else out.to(dtype).float()
+
+
 def latent_attention_blocked(
-    q: Tensor, kf: Tensor, mask: Tensor, lora: int, scale: float, dtype: torch.dtype
+    q: Tensor, keys: Tensor, mask: Tensor, lora: int, scale: float, dtype: torch.dtype
 ) -> Tensor:
-    """softmax(q . kf * scale, mask) @ kf[..., :lora] for q (B, N, T, L+R), kf (B, K, L+R) float32,
-    mask (B, T, K) -> (B, N, T, L) float32, in blocks of QUERY_BLOCK queries, each over the keys up
+    """softmax(q . keys * scale, mask) @ keys[..., :lora] for q (B, N, T, L+R) float32, keys (B, K, L+R)
+    in the compute dtype (or float32 holding its values), mask (B, T, K) -> (B, N, T, L) float32
+    rounded as :func:`latent_values` rounds, in blocks of QUERY_BLOCK queries, each over the keys up
     to the last one any of its rows sees, rounded up to KEY_ALIGN: under a causal mask over 2048
     keys 37 % fewer multiply-adds than the whole (T, K) score matrix, and a block's scores stay in
     cache.
 
     The arithmetic per row is masked_softmax's and the value matmul's: a key a block leaves out has
-    weight exactly 0, so every sum is the same sum. Bit for bit the same where torch's CPU matmul
-    splits the key axis the same way for the shorter product: true of MKL's fp32 GEMM at multiples
-    of 512 keys (a shorter product summed 181,109 of 1,048,576 outputs in another order), not
-    promised for every BLAS; tests/test_mla_attention.py checks both.
+    weight exactly 0, so every sum is the same sum, up to the order the GEMM sums it in for the shorter
+    product (MKL's float32 GEMM keeps its order at multiples of 512 keys: a shorter product summed
+    181,109 of 1,048,576 outputs in another order; oneDNN's bf16 GEMM does not always). Scores are
+    unaffected (keys are their output axis). tests/test_mla_blocked.py compares with the whole matrix.
     """
     b, n, t, c = q.shape
+    kf = keys.float()
     num_keys = kf.shape[1]
     out = q.new_empty(b, n, t, lora)
     reach = mask.any(0)  # (T, K): keys some row at this query index sees
@@ -266,10 +284,12 @@ def latent_attention_blocked(
         end = min(start + QUERY_BLOCK, t)
         seen = reach[start:end].any(0).nonzero()  # (k, 1)
         last = int(seen[-1]) + 1 if seen.numel() else 1
-        keys = min(num_keys, -(-last // KEY_ALIGN) * KEY_ALIGN)
+        width = min(num_keys, -(-last // KEY_ALIGN) * KEY_ALIGN)
         qb = q[:, :, start:end].reshape(b, n * (end - start), c)  # (B, N*t', L+R)
-        scores = torch.bmm(qb, kf[:, :keys].transpose(1, 2)).view(b, n, end - start, keys)  # (B, N, t', k)
-        probs = masked_softmax_(scores.mul_(scale), mask[:, start:end, :keys], dtype)
-        probs = probs.view(b, n * (end - start), keys)
-        out[:, :, start:end] = torch.bmm(probs, kf[:, :keys, :lora]).view(b, n, end - start, lora)
+        scores = torch.bmm(qb, kf[:, :width].transpose(1, 2)).view(b, n, end - start, width)  # (B, N, t', k)
+        probs = masked_softmax_(scores.mul_(scale), mask[:, start:end, :width], dtype)
+        o = latent_values(
+            probs.view(b, n * (end - start), width), keys[:, :width, :lora], dtype
+        )  # (B, N*t', L)
+        out[:, :, start:end] = o.view(b, n, end - start, lora)
     return out
