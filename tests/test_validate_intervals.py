@@ -12,6 +12,7 @@ from mlaq.validate.intervals import (
     mcnemar_exact,
     min_detectable_drop,
     paired_bootstrap,
+    paired_ratio_bootstrap,
     wilson,
 )
 
@@ -91,3 +92,39 @@ def test_detectable_drop() -> None:
 def test_bad_inputs(call, message) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_ratio_bootstrap_pairs_the_prompts() -> None:
+    """Each prompt's acceptance scaled by exactly 0.8 gives 0.8 in every resample (pairing), though the
+    prompts' rates range from 10 % to 90 % (unpaired, the interval would be wide)."""
+    ref = [(100, 10), (100, 90), (50, 25), (200, 100), (100, 40)]
+    cand = [(d, a * 4 // 5) for d, a in ref]
+    assert paired_ratio_bootstrap(ref, cand) == pytest.approx((0.8, 0.8))
+    assert paired_ratio_bootstrap(ref, ref) == pytest.approx((1.0, 1.0))
+    assert paired_ratio_bootstrap(ref, [(d, 0) for d, _ in ref]) == (0.0, 0.0)  # a collapse
+
+
+def test_ratio_bootstrap_against_a_loop() -> None:
+    rng = np.random.default_rng(7)
+    ref = [(int(d), int(rng.integers(0, d + 1))) for d in rng.integers(20, 80, size=8)]
+    cand = [(int(d), int(rng.integers(0, d + 1))) for d in rng.integers(20, 80, size=8)]
+    low, high = paired_ratio_bootstrap(ref, cand, resamples=2000, seed=11)
+    idx = np.random.default_rng(11).integers(0, 8, size=(2000, 8))
+    ratios = []
+    for row in idx:
+        r = [ref[i] for i in row]
+        c = [cand[i] for i in row]
+        ratios.append(
+            (sum(a for _, a in c) / sum(d for d, _ in c)) / (sum(a for _, a in r) / sum(d for d, _ in r))
+        )
+    assert (low, high) == pytest.approx(tuple(np.quantile(ratios, [0.025, 0.975])))
+    point = (sum(a for _, a in cand) / sum(d for d, _ in cand)) / (
+        sum(a for _, a in ref) / sum(d for d, _ in ref)
+    )
+    assert low < point < high
+
+
+def test_ratio_bootstrap_refuses_what_it_cannot_pair() -> None:
+    assert paired_ratio_bootstrap([(10, 0)] * 4, [(10, 5)] * 4) is None  # the reference never accepts
+    with pytest.raises(ValueError, match="same units"):
+        paired_ratio_bootstrap([(10, 5)] * 3, [(10, 5)] * 4)

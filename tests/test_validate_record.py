@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,20 @@ def test_measure_takes_any_source() -> None:
 
     cfg = ValidateConfig(model=Path("unused"), eval_text=Path("unused"))
     assert measure(cfg, source=Recorded()) == hand_record()
+
+
+def test_acceptance_ratio_interval_from_per_prompt_counts() -> None:
+    """With per-prompt counts on both sides the summary and the verdict carry the paired interval;
+    without them (a server's /metrics totals) it is None and the verdict uses the point estimate."""
+    r = hand_record()
+    assert summarize(r)["schemes"]["mxfp4"]["acceptance_ratio_ci"] is None
+    ref, cand = r.reference, r.candidates[0]
+    ref_gen = replace(ref.generation, spec=SpecCounts(4, 8, 6, [4, 2], [[4, 3], [4, 3]]))
+    cand_gen = replace(cand.generation, spec=SpecCounts(5, 10, 4, [3, 1], [[5, 2], [5, 2]]))
+    r = replace(
+        r, reference=replace(ref, generation=ref_gen), candidates=[replace(cand, generation=cand_gen)]
+    )
+    s = summarize(r)["schemes"]["mxfp4"]
+    want = (4 / 10) / (6 / 8)  # both prompts alike: every resample gives the pooled ratio
+    assert s["acceptance_ratio_ci"] == pytest.approx([want, want])
+    assert s["verdict"]["acceptance_ratio_ci"] == pytest.approx([want, want])

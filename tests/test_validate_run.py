@@ -86,6 +86,8 @@ def test_report_shape_and_keys(report) -> None:
         assert s["num_drafts"] <= s["num_draft_tokens"] <= 2 * s["num_drafts"]
         assert s["num_accepted_tokens"] <= SMALL["prompts"] * (SMALL["max_tokens"] - 1)
         assert len(s["generation"]["first_divergence"]) == 2
+        low, high = s["acceptance_ratio_ci"]  # paired over the prompts' own counts
+        assert low <= s["acceptance_rate"] / report["reference"]["acceptance_rate"] <= high
     ref = report["reference"]
     assert ref["name"] == "bf16" and ref["schemes"] == {"bf16": ref["schemes"]["bf16"]}
     for key in ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate", "num_drafts"):

@@ -93,3 +93,20 @@ def test_holm() -> None:
 def test_bad_config() -> None:
     with pytest.raises(ValueError, match="--max-drop"):
         VerdictConfig(max_drop=0)
+
+
+@pytest.mark.parametrize(
+    ("ci", "status", "reason"),
+    [
+        ((0.70, 1.10), "ok", None),  # 0.45 / 0.5 = 0.9 as a point, but the interval reaches 0.95: noise
+        ((0.80, 0.92), "degraded", "95 % CI 0.80-0.92) < 0.95 x bf16"),
+        ((0.0, 0.0), "degraded", "< 0.95 x bf16"),  # a collapse (GLM-5.2 MXFP4: 58.5 % -> 0 %)
+    ],
+)
+def test_acceptance_is_judged_on_its_paired_interval(ci, status, reason) -> None:
+    ok_cells = {"needle": {"4096": cell(2000, 1900, 1900, 5, 5)}}
+    v = verdict({**scheme(ok_cells, acceptance=0.45), "acceptance_ratio_ci": list(ci)}, REF, 8)
+    assert v["verdict"] == status, v
+    assert v["acceptance_ratio_ci"] == list(ci)
+    if reason:
+        assert any(reason in r for r in v["reasons"]), v["reasons"]

@@ -25,6 +25,7 @@ class Generation:
     tokens: tuple[tuple[int, ...], ...]  # generated ids per prompt
     stats: SpecDecodingStats | None  # None without speculation
     seconds: float
+    per_request: tuple[tuple[int, int], ...] | None = None  # (draft tokens, accepted tokens) per prompt
 
 
 def generate(
@@ -54,4 +55,10 @@ def generate(
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     seconds = time.perf_counter() - start
-    return Generation(tuple(o.outputs[0].token_ids for o in outs), llm.spec_decoding_stats, seconds)
+    per_request = None
+    if spec is not None:
+        per = [o.spec_decoding_stats or SpecDecodingStats() for o in outs]
+        per_request = tuple((s.num_draft_tokens, s.num_accepted_tokens) for s in per)
+    return Generation(
+        tuple(o.outputs[0].token_ids for o in outs), llm.spec_decoding_stats, seconds, per_request
+    )

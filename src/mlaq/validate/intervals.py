@@ -67,6 +67,38 @@ def paired_bootstrap(
     return float(low), float(high)
 
 
+def paired_ratio_bootstrap(
+    reference: Sequence[tuple[int, int]],
+    candidate: Sequence[tuple[int, int]],
+    *,
+    resamples: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of a ratio of pooled rates, candidate over reference, from paired
+    (denominator, numerator) counts per unit (MTP: draft tokens and accepted tokens per prompt): the
+    same units are resampled on both sides. Resamples where the reference's rate is 0 are left out;
+    None when more than half are (the ratio is undefined then)."""
+    r = np.asarray(reference, dtype=np.float64).reshape(-1, 2)
+    c = np.asarray(candidate, dtype=np.float64).reshape(-1, 2)
+    if r.shape != c.shape or r.shape[0] == 0:
+        raise ValueError(f"paired counts need the same units on both sides, got {len(r)} and {len(c)}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    idx = np.random.default_rng(seed).integers(0, r.shape[0], size=(resamples, r.shape[0]))
+    rs, cs = r[idx].sum(axis=1), c[idx].sum(axis=1)  # (resamples, 2) pooled counts
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref_rate = rs[:, 1] / rs[:, 0]
+        cand_rate = np.where(cs[:, 0] > 0, cs[:, 1] / cs[:, 0], np.nan)
+        ratio = cand_rate / ref_rate
+    ratio = ratio[np.isfinite(ratio)]
+    if ratio.size * 2 < resamples:
+        return None
+    tail = (1 - level) / 2
+    low, high = np.quantile(ratio, [tail, 1 - tail])
+    return float(low), float(high)
+
+
 def exact_floor(alpha: float = 0.05) -> int:
     """The fewest discordant pairs, all in one direction, that the exact McNemar test can call significant
     at ``alpha`` (two-sided): the smallest k with 2 / 2^k < alpha (6 at 0.05)."""

@@ -46,6 +46,9 @@ class SpecCounts:
     num_draft_tokens: int
     num_accepted_tokens: int
     num_accepted_tokens_per_pos: list[int]
+    # [draft tokens, accepted tokens] of each prompt, in prompt order (the same prompts for every variant,
+    # so variants pair up prompt by prompt); None where only totals are known (a server's /metrics)
+    per_request: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)

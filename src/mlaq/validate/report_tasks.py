@@ -35,7 +35,8 @@ def verdict_section(r: dict[str, Any]) -> list[str]:
         f"exact McNemar p < {vc.get('alpha', 0.05):g}, when its answer log-probability falls by more than "
         f"{vc.get('max_logprob_drop', 0.1):g} nats with the whole 95 % interval below, when mean KL exceeds "
         f"{vc.get('max_kl', 0.01):g} nats, or when MTP acceptance leaves {vc.get('acceptance_low', 0.95):g}–"
-        f"{vc.get('acceptance_high', 1.2):g} x bf16 (with >= {vc.get('min_prompts', 5)} prompts); **ok** only when "
+        f"{vc.get('acceptance_high', 1.2):g} x bf16 (with >= {vc.get('min_prompts', 5)} prompts, the whole paired "
+        "bootstrap 95 % interval over prompts beyond the bound); **ok** only when "
         f"the run could have detected an accuracy drop of {_pct(vc.get('max_drop', 0.05))} (alpha 0.05, power "
         "0.8) at each task's longest length; **inconclusive** otherwise. The smallest detectable drop is the "
         "largest over the tasks: a smaller drop may be there unseen.",
@@ -44,17 +45,20 @@ def verdict_section(r: dict[str, Any]) -> list[str]:
     body = []
     for label, v in rows:
         vd = v["verdict"]
-        ratio = vd.get("acceptance_ratio")
+        ratio, ci = vd.get("acceptance_ratio"), vd.get("acceptance_ratio_ci")
+        shown = (
+            "—" if ratio is None else f"{ratio:.2f}" + ("" if ci is None else f" ({ci[0]:.2f}-{ci[1]:.2f})")
+        )
         body.append(
             [
                 label,
                 f"**{vd['verdict']}**",
                 _pct(vd.get("min_detectable_drop")) if vd.get("min_detectable_drop") is not None else "—",
-                "—" if ratio is None else f"{ratio:.2f}",
+                shown,
                 "; ".join(vd["reasons"]) or "—",
             ]
         )
-    head = ["scheme", "verdict", "smallest detectable drop", "acceptance / bf16", "why"]
+    head = ["scheme", "verdict", "smallest detectable drop", "acceptance / bf16 (95 % CI)", "why"]
     return [*lines, *_table(head, body), ""]
 
 

@@ -11,6 +11,7 @@ from statistics import fmean
 from typing import Any
 
 from mlaq.engine.spec_metrics import SpecDecodingStats
+from mlaq.validate.intervals import paired_ratio_bootstrap
 from mlaq.validate.kld import KLD_QUANTILES, distribution, kld_statistics_by_bucket
 from mlaq.validate.metrics import first_divergence, longest_loop, repeated_ngram_share
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, Totals, VariantRecord
@@ -77,6 +78,16 @@ def acceptance(spec: SpecCounts | None) -> dict[str, Any]:
         "mean_acceptance_length": _finite(s.mean_acceptance_length),
         "per_position_acceptance_rate": [_finite(r) for r in s.per_position_acceptance_rate],
     }
+
+
+def acceptance_ratio_ci(ref: SpecCounts, cand: SpecCounts, seed: int) -> list[float] | None:
+    """95 % paired bootstrap interval (over prompts) of the candidate's acceptance rate over the
+    reference's; None without per-prompt counts (a server's /metrics totals) or when undefined."""
+    if ref.per_request is None or cand.per_request is None or len(ref.per_request) != len(cand.per_request):
+        return None
+    pairs = [tuple(x) for x in ref.per_request], [tuple(x) for x in cand.per_request]
+    ci = paired_ratio_bootstrap(*pairs, seed=seed)
+    return None if ci is None else list(ci)
 
 
 def generation(gen: GenerationRecord, reference: GenerationRecord | None, ngram: int) -> dict[str, Any]:
@@ -208,6 +219,9 @@ def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record
             out["kl_estimator"] = estimator_summary(v.per_token["mass_outside"], v.per_token["exact"])
     gen = v.generation
     out.update(acceptance(gen.spec if gen else None))
+    ref_spec = None if reference is None or reference.generation is None else reference.generation.spec
+    if gen is not None and gen.spec is not None and ref_spec is not None:
+        out["acceptance_ratio_ci"] = acceptance_ratio_ci(ref_spec, gen.spec, r.seed)
     if gen is not None:
         ref_gen = None if reference is None else reference.generation
         out["generation"] = generation(gen, ref_gen, r.config["ngram"])

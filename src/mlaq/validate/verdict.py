@@ -7,7 +7,10 @@ floor at 0.95 x the reference (TensorRT-LLM's "collapse tripwire"). Here, from t
   more lengths do not mean more false alarms); a cell whose answer log-probability falls by more than
   ``max_logprob_drop`` nats with the whole paired bootstrap interval below that; mean KL above
   ``max_kl``; MTP acceptance below ``acceptance_low`` x bf16 or above ``acceptance_high`` x bf16
-  (repetition loops make drafting easy), compared only with >= ``min_prompts`` prompts;
+  (repetition loops make drafting easy), compared only with >= ``min_prompts`` prompts and, where
+  per-prompt counts exist, only when the whole paired bootstrap 95 % interval of the ratio lies
+  beyond the bound (acceptance varies by tens of points between prompts: a point estimate over 8
+  prompts crosses 0.95 by chance; a collapse, 58.5 % -> 0 %, lies far beyond any interval);
 - ``ok`` when nothing is degraded AND the run could have seen a drop of ``max_drop``: for every task,
   bf16 solves the longest length well enough to lose that much, and the smallest detectable drop
   there (alpha 0.05, power 0.8, ``intervals.min_detectable_drop``) is at most ``max_drop``;
@@ -120,6 +123,7 @@ def verdict(
         "reasons": degraded if degraded else missing,
         "min_detectable_drop": detectable,
         "acceptance_ratio": acceptance,
+        "acceptance_ratio_ci": cand.get("acceptance_ratio_ci"),
     }
 
 
@@ -132,11 +136,20 @@ def _acceptance(
     ratio = a / r
     if prompts < cfg.min_prompts:
         return ratio  # acceptance varies ~50 % between prompts: too few to compare
-    if ratio < cfg.acceptance_low:
-        degraded.append(f"MTP acceptance {100 * a:.1f} % < {cfg.acceptance_low:g} x bf16 ({100 * r:.1f} %)")
-    elif ratio > cfg.acceptance_high:
+    ci = cand.get("acceptance_ratio_ci")
+    low, high = (ratio, ratio) if ci is None else ci  # no per-prompt counts: the point estimate
+    how = (
+        f"{ratio:.2f} x bf16, point estimate"
+        if ci is None
+        else f"{ratio:.2f} x bf16, 95 % CI {low:.2f}-{high:.2f}"
+    )
+    if high < cfg.acceptance_low:
         degraded.append(
-            f"MTP acceptance {100 * a:.1f} % > {cfg.acceptance_high:g} x bf16 ({100 * r:.1f} %): "
+            f"MTP acceptance {100 * a:.1f} % vs bf16 {100 * r:.1f} % ({how}) < {cfg.acceptance_low:g} x bf16"
+        )
+    elif low > cfg.acceptance_high:
+        degraded.append(
+            f"MTP acceptance {100 * a:.1f} % vs bf16 {100 * r:.1f} % ({how}) > {cfg.acceptance_high:g} x bf16: "
             "repetition makes drafting easy"
         )
     return ratio

@@ -124,6 +124,7 @@ class EngineSource:
                         s.num_draft_tokens,
                         s.num_accepted_tokens,
                         list(s.num_accepted_tokens_per_pos),
+                        None if gen.per_request is None else [list(x) for x in gen.per_request],
                     ),
                     tokenizer.decode(gen.tokens[0]),
                 )

@@ -21,6 +21,7 @@ from mlaq.validate.server.compare import decode_values, window_values
 from mlaq.validate.server.config import ServerValidateConfig
 from mlaq.validate.server.measure import measure_sides
 from mlaq.validate.server.sides import Side
+from mlaq.validate.server.spec import per_request_stats
 from mlaq.validate.sources import common
 
 
@@ -133,7 +134,11 @@ def _variant(
             None
             if s is None
             else SpecCounts(
-                s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.num_accepted_tokens_per_pos)
+                s.num_drafts,
+                s.num_draft_tokens,
+                s.num_accepted_tokens,
+                list(s.num_accepted_tokens_per_pos),
+                _per_request(side) if side.acceptance_source == "per_request" else None,
             )
         )
         gen = GenerationRecord(
@@ -159,3 +164,11 @@ def run_server_validation(
 
     record = ServerSource(config).measure(progress)
     return summarize(record) if verdicts is None else summarize(record, verdicts)
+
+
+def _per_request(side: Side) -> list[list[int]] | None:
+    """[draft tokens, accepted tokens] of each generation, from its response's metrics (None if any lacks them)."""
+    per = [per_request_stats(g.spec) for g in side.generations or ()]
+    if not per or any(s is None for s in per):
+        return None
+    return [[s.num_draft_tokens, s.num_accepted_tokens] for s in per if s is not None]
