@@ -145,6 +145,21 @@ def test_acceptance_per_request_and_from_metrics_agree(text: Path) -> None:
     assert per_req["num_accepted_tokens_per_pos"] == [3 * 4, 3 * 2, 0]
 
 
+def test_acceptance_ratio_interval_needs_per_request_counts(text: Path) -> None:
+    """Per-request metrics on both sides pair the prompts (equal servers: exactly 1.0); /metrics totals
+    cannot, and the verdict falls back to the point estimate."""
+    with (
+        FakeServer(Behaviour(spec_k=3, per_request=True)) as a,
+        FakeServer(Behaviour(spec_k=3, per_request=True)) as b,
+    ):
+        paired = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0)))
+    assert _cand(paired)["acceptance_ratio_ci"] == pytest.approx([1.0, 1.0])
+    with FakeServer(Behaviour(spec_k=3)) as a, FakeServer(Behaviour(spec_k=3)) as b:
+        totals = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0)))
+    assert _cand(totals)["acceptance_ratio_ci"] is None
+    assert _cand(totals)["verdict"]["acceptance_ratio"] == pytest.approx(1.0)
+
+
 def test_other_traffic_on_the_counters_is_a_warning(text: Path) -> None:
     with FakeServer(Behaviour(spec_k=2, extra_requests=1)) as a:
         r = run_server_validation(_cfg(a, text))
