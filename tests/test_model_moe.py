@@ -136,3 +136,56 @@ def test_small_batch_path_equals_the_grouped_path(tokens, monkeypatch):
     if tokens == 1:
         assert torch.equal(small, grouped)
     assert torch.allclose(small, grouped, rtol=1e-6, atol=1e-6)
+
+
+def _stackable_moe(dtype: torch.dtype) -> MoE:
+    cfg = _cfg(ScoringFunc.SIGMOID, TopkMethod.NOAUX_TC, 4, 2, k=2, experts=8)  # 8 experts <= 4 x top-2
+    torch.manual_seed(4)
+    moe = MoE(16, cfg)
+    for p in moe.parameters():
+        p.data.normal_(0, 0.3)
+    return moe.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [2, 4, 9, 32, 33])
+def test_stacked_experts_give_the_per_expert_results(dtype, tokens):
+    """Decode-sized batches on stacked weights: every expert for every token, each token's chosen ones
+    summed in the per-expert paths' order -> the same outputs (the same dot products through fewer,
+    larger GEMM calls: bit for bit on this machine's GEMMs, within one rounding step anywhere)."""
+    moe = _stackable_moe(dtype)
+    x = torch.randn(tokens, 16).to(dtype)
+    with torch.no_grad():
+        want = moe(x)
+        moe.stack_experts()
+        assert moe._live_stack() is not None
+        got = moe(x)
+    tol = 1e-6 if dtype == torch.float32 else 2**-7  # float32: reassociation; bf16: one rounding step
+    assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * float(want.float().abs().max()))
+    if dtype == torch.bfloat16:  # rounded to bf16, another fp32 summation order rarely shows
+        assert (got != want).float().mean() <= 0.01
+
+
+def test_stacked_experts_are_views_and_stand_aside_when_replaced(monkeypatch):
+    """No second copy of the experts: their parameters are views of the stacked tensors (state_dict
+    included). A parameter replaced afterwards is not, and the stacked path is not taken."""
+    import mlaq.model.moe as moe_module
+
+    moe = _stackable_moe(torch.float32)
+    x = torch.randn(6, 16)
+    with torch.no_grad():
+        want = moe(x)
+    moe.stack_experts()
+    gate, _, down = moe._stacked
+    assert moe.state_dict()["experts.0.gate_proj.weight"].data_ptr() == gate.data_ptr()
+    assert moe.experts[7].down_proj.weight.data_ptr() == down[7].data_ptr()
+    calls = []
+    real = moe_module.MoE._all_experts
+    monkeypatch.setattr(moe_module.MoE, "_all_experts", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        moe(x)
+        assert calls == [1]
+        moe.experts[3].up_proj.weight.data = moe.experts[3].up_proj.weight.data.clone()  # no longer a view
+        assert moe._live_stack() is None
+        again = moe(x)
+    assert calls == [1] and torch.allclose(again, want, rtol=1e-6, atol=1e-6)

@@ -21,6 +21,7 @@ from mlaq.model.config import ModelConfig
 from mlaq.model.deepseek import DeepseekForCausalLM
 from mlaq.model.kv_b import apply_decision
 from mlaq.model.mla_core import Precision
+from mlaq.model.moe import MoE
 from mlaq.model.weights import CheckpointQuant, CheckpointWeight, read_linear, read_tensor
 from mlaq.policy import ExplicitConfig, decide_from_dir
 from mlaq.settings import Settings
@@ -83,6 +84,9 @@ def load_model(
         apply_decision(attn, policy.for_layer(layer), stored, precision)
     model.bmm_decisions = policy.layers
     model.policy = policy
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.stack_experts()  # decode-sized batches run the routed experts as stacked GEMMs
     return model.eval()
 
 
