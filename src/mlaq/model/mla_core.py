@@ -242,6 +242,11 @@ QUERY_BLOCK = 256  # query rows per block of latent_attention_blocked
 KEY_ALIGN = 512  # a block's key range is rounded up to a multiple of this (see latent_attention_blocked)
 
 
+def bf16_value_gemm(dtype: torch.dtype) -> bool:
+    """Whether :func:`latent_values` multiplies in bf16 (native bf16 GEMM: oneDNN's bf16 support)."""
+    return dtype == torch.bfloat16 and native_low_precision_gemm()
+
+
 def latent_values(probs: Tensor, c_kv: Tensor, dtype: torch.dtype) -> Tensor:
     """The value matmul o_latent = probs @ c_kv: probs (B, M, K) float32 holding values of the compute
     ``dtype``, c_kv (B, K, L) -> (B, M, L) float32; its values are rounded to ``dtype`` unless ``dtype``
@@ -253,7 +258,7 @@ def latent_values(probs: Tensor, c_kv: Tensor, dtype: torch.dtype) -> Tensor:
     bf16 GEMM (oneDNN on AVX-512 BF16 or AMX) the bf16 one runs: 2.1-2.4x faster on an AMD EPYC Zen 4;
     elsewhere the float32 one (torch's generic bf16 kernel is several times slower).
     """
-    if dtype == torch.bfloat16 and native_low_precision_gemm():  # (the check is oneDNN's bf16 support)
+    if bf16_value_gemm(dtype):
         return torch.bmm(probs.to(dtype), c_kv.to(dtype)).float()
     out = torch.bmm(probs, c_kv.float())
     return out if dtype == torch.float32 else out.to(dtype).float()
@@ -277,6 +282,7 @@ def latent_attention_blocked(
     """
     b, n, t, c = q.shape
     kf = keys.float()
+    values = keys if bf16_value_gemm(dtype) else kf  # in the dtype latent_values multiplies in, once
     num_keys = kf.shape[1]
     out = q.new_empty(b, n, t, lora)
     reach = mask.any(0)  # (T, K): keys some row at this query index sees
@@ -289,7 +295,7 @@ def latent_attention_blocked(
         scores = torch.bmm(qb, kf[:, :width].transpose(1, 2)).view(b, n, end - start, width)  # (B, N, t', k)
         probs = masked_softmax_(scores.mul_(scale), mask[:, start:end, :width], dtype)
         o = latent_values(
-            probs.view(b, n * (end - start), width), keys[:, :width, :lora], dtype
+            probs.view(b, n * (end - start), width), values[:, :width, :lora], dtype
         )  # (B, N*t', L)
         out[:, :, start:end] = o.view(b, n, end - start, lora)
     return out

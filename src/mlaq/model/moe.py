@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlaq.model.config import MoEConfig
-from mlaq.model.linear import Linear, linear, native_low_precision_gemm
+from mlaq.model.linear import Linear, linear, upcast_gemm
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
 # Up to this many tokens, routed experts run token by token (k small matmuls each, no gather/scatter
@@ -213,8 +213,8 @@ class MoE(nn.Module):
         e, _, inter = down.shape
         t = flat.shape[0]
         a = (F.silu(linear(flat, gate)) * linear(flat, up)).view(t, e, inter).transpose(0, 1)  # (E, T, I)
-        if flat.dtype in (torch.bfloat16, torch.float16) and not native_low_precision_gemm():
-            y = torch.bmm(a.float(), down.float().transpose(1, 2)).to(flat.dtype)  # as ``linear`` does there
+        if upcast_gemm(a, down):  # linear's policy: float32 where the CPU has no fast bf16 GEMM
+            y = torch.bmm(a.float(), down.float().transpose(1, 2)).to(flat.dtype)
         else:
             y = torch.bmm(a, down.transpose(1, 2))  # (E, T, H)
         dense = torch.zeros(t, e, dtype=weights.dtype, device=flat.device).scatter_(1, indices, weights)
