@@ -21,7 +21,12 @@ from mlaq.model.step import StepPositions
 
 
 class DeepseekLatentLM:
-    """``LatentLM`` over a loaded :class:`DeepseekForCausalLM` (any supported ``model_type``)."""
+    """``LatentLM`` over a loaded :class:`DeepseekForCausalLM` (any supported ``model_type``).
+
+    ``forward`` also takes ``room``: the runner's resident buffer (``mlaq.engine.resident``), into
+    which the layers write their new entries instead of concatenating them to ``past``."""
+
+    accepts_room = True  # the runner may pass ``room`` to ``forward``
 
     def __init__(self, model: DeepseekForCausalLM) -> None:
         self.model = model
@@ -57,8 +62,11 @@ class DeepseekLatentLM:
         *,
         prefill: bool,
         logits_index: Tensor | None = None,
+        room: Tensor | None = None,
     ) -> LMOutput:
-        cache = GatheredCache(past, self._latent_width, first_layer=0)
+        """``room`` (layers, B, capacity, L+R), capacity >= S + T: a buffer whose first S positions
+        ``past`` views; each layer writes its new entries there and attends over its first K."""
+        cache = GatheredCache(past, self._latent_width, first_layer=0, room=room)
         path = AttnPath.NAIVE if prefill else AttnPath.ABSORBED
         out = self.model(input_ids, cache, path=path, positions=positions, logits_index=logits_index)
         return LMOutput(out.logits, out.hidden, tuple(cache.entries))
@@ -84,12 +92,16 @@ class DeepseekLatentLM:
 class GatheredCache:
     """A ``LatentCache`` over one engine call: ``past[i]`` (B, S, L+R [+ D]) holds layer
     ``first_layer + i``'s cached entries of each row (real below the row's start position). Each
-    ``update`` appends the layer's new entries (B, T, L+R [+ D]) to ``entries``."""
+    ``update`` appends the layer's new entries (B, T, L+R [+ D]) to ``entries``. With ``room``
+    (see ``DeepseekLatentLM.forward``) the keys are written into ``room[i]`` and read back from it."""
 
-    def __init__(self, past: Sequence[Tensor], latent_width: int, *, first_layer: int) -> None:
+    def __init__(
+        self, past: Sequence[Tensor], latent_width: int, *, first_layer: int, room: Tensor | None = None
+    ) -> None:
         self.past = past
         self.width = latent_width  # L + R; DSA indexer keys ride along after it
         self.first_layer = first_layer
+        self.room = room
         self.entries: list[Tensor] = []
 
     def update(
@@ -99,7 +111,14 @@ class GatheredCache:
         self.entries.append(entry)
         past = self.past[layer - self.first_layer]  # (B, S, E)
         b, s, e = past.shape
-        if step.uniform and step.starts[0] == s:  # every row continues at S: append
+        if self.room is not None:  # write, then read, in place: no copy of the history
+            buf = self.room[layer - self.first_layer]  # (B, capacity, E), its first S positions = past
+            if step.uniform:
+                buf[:, step.starts[0] : step.starts[0] + entry.shape[1]] = entry
+            else:
+                buf.scatter_(1, step.positions[:, :, None].expand(-1, -1, e), entry)
+            keys = buf[:, : step.num_keys]  # (B, K, E); past a row's new tokens: hidden by causality
+        elif step.uniform and step.starts[0] == s:  # every row continues at S: append
             keys = torch.cat((past, entry), dim=1) if s else entry  # (B, K, E)
         else:  # rows at different positions: write each row's entries at its own positions
             keys = entry.new_zeros(b, step.num_keys, e)

@@ -36,6 +36,8 @@ CACHE_SIZE_LIMIT = 64
 class CompiledLatentLM(DeepseekLatentLM):
     """``DeepseekLatentLM`` whose absorbed-path calls run compiled (prefill stays eager)."""
 
+    accepts_room = False  # the compiled step takes the gathered (layers, B, S, L+R) as it is
+
     def __init__(self, model: DeepseekForCausalLM, *, backend: str = "inductor") -> None:
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build)."""
         super().__init__(model)

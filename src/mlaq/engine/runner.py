@@ -2,7 +2,9 @@
 
 For every call it computes the batch's slots once (one block table serves all layers), gathers
 each layer's latents as (B, S_max, L+R), runs the model with per-row positions, and writes the
-new entries of the real (non-padding) tokens back into the cache.
+new entries of the real (non-padding) tokens back into the cache. Decode and verification calls of
+a model that ``accepts_room`` read the main layers from the resident buffer instead
+(``mlaq.engine.resident``: gathered again only when the batch changes).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import torch
 from torch import Tensor
 
 from mlaq.engine.block_manager import BlockManager
-from mlaq.engine.kv_cache import LatentKVCache
+from mlaq.engine.kv_cache import KVCacheDtype, LatentKVCache
 from mlaq.engine.model_api import LatentLM, LMOutput
+from mlaq.engine.resident import ResidentLatents
 from mlaq.engine.sequence import Sequence as Seq
 
 
@@ -29,6 +32,10 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.blocks = blocks
+        c = cache.config
+        plain = c.kv_cache_dtype is KVCacheDtype.AUTO and not any(c.extra_dims[: geometry.num_layers])
+        # stored values are what the model computed (no fp8 rounding, no indexer columns): resident
+        self.resident = ResidentLatents() if plain and getattr(model, "accepts_room", False) else None
 
     def _inputs(self, token_lists: Sequence[Sequence[int]], starts: Sequence[int]) -> tuple[Tensor, Tensor]:
         t = max(len(tokens) for tokens in token_lists)
@@ -79,13 +86,25 @@ class ModelRunner:
         ``last_only``: logits of each row's last token only, (B, 1, vocab)."""
         starts = [s.num_cached for s in seqs]
         ids, positions = self._inputs(token_lists, starts)
-        batch = self.blocks.batch_slots([s.seq_id for s in seqs], starts)
+        seq_ids = [s.seq_id for s in seqs]
+        batch = self.blocks.batch_slots(seq_ids, starts)
         layers = range(self.model.geometry.num_layers)
-        past = self.cache.gather_layers(len(layers), batch)  # (B, S_max, L+R) per layer
-        out = self.model.forward(
-            ids, positions, past, prefill=prefill, logits_index=_last_index(token_lists, last_only)
-        )
-        self._store(seqs, layers, out.entries, [len(t) for t in token_lists], starts)
+        lengths = [len(t) for t in token_lists]
+        logits_index = _last_index(token_lists, last_only)
+        if self.resident is not None and not prefill:
+            gather = lambda: self.cache.gather_layers(len(layers), batch)  # noqa: E731
+            room = self.resident.buffer(seq_ids, starts, ids.shape[1], gather)  # (layers, B, cap, L+R)
+            past = room[:, :, : max(starts)]  # (layers, B, S_max, L+R)
+            out = self.model.forward(
+                ids, positions, past, prefill=False, logits_index=logits_index, room=room
+            )
+            self.resident.written([st + n for st, n in zip(starts, lengths, strict=True)])
+        else:
+            if self.resident is not None:
+                self.resident.clear()  # a prefill writes the pages only
+            past = self.cache.gather_layers(len(layers), batch)  # (B, S_max, L+R) per layer
+            out = self.model.forward(ids, positions, past, prefill=prefill, logits_index=logits_index)
+        self._store(seqs, layers, out.entries, lengths, starts)
         return out
 
     def mtp(

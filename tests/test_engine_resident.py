@@ -1,0 +1,111 @@
+"""The runner's resident latents (mlaq.engine.resident): kept between decode steps, rebuilt when they
+cannot serve a call, and the engine's outputs bit for bit those of gathering the pages every call."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from mlaq.engine.llm import LLM
+from mlaq.engine.resident import GROWTH_MIN, ResidentLatents
+from mlaq.engine.sampling_params import SamplingParams
+
+pytest.importorskip("transformers")
+from model_helpers import add_mtp_layer, hf_checkpoint
+
+
+class Gather:
+    """A stand-in for the paged cache's gather: (layers, B, max(starts), E), counting calls."""
+
+    def __init__(self, starts: list[int], layers: int = 2, width: int = 3) -> None:
+        self.calls = 0
+        self.past = torch.randn(layers, len(starts), max(starts), width)
+        for row, s in enumerate(starts):
+            self.past[:, row, s:] = 0  # zeros past each row's length, as the engine's gather
+
+    def __call__(self) -> torch.Tensor:
+        self.calls += 1
+        return self.past
+
+
+def test_kept_while_the_batch_continues_and_rebuilt_otherwise():
+    res, gather = ResidentLatents(), Gather([5, 3])
+    buf = res.buffer(["a", "b"], [5, 3], 1, gather)
+    assert gather.calls == 1 and buf.shape[2] == 6 + GROWTH_MIN
+    assert torch.equal(buf[:, :, :5], gather.past) and not buf[:, :, 5:].any()
+    res.written([6, 4])
+    assert res.buffer(["a", "b"], [6, 4], 1, gather) is buf and gather.calls == 1  # continues: kept
+    res.written([7, 5])
+    assert res.buffer(["a", "b"], [6, 5], 3, gather) is buf  # an earlier start overwrites: kept
+    res.written([9, 8])
+    for ids, starts, t in [
+        (["b", "a"], [8, 9], 1),  # another batch order
+        (["a", "c"], [9, 8], 1),  # another sequence
+        (["a", "b"], [10, 8], 1),  # a row past what the buffer holds for it
+        (["a", "b"], [9, 8], 70 - 9 + 1),  # no room left
+    ]:
+        res, gather = ResidentLatents(), Gather([5, 3])
+        held = res.buffer(["a", "b"], [5, 3], 1, gather)
+        res.written([9, 8])
+        assert res.buffer(["a", "b"], [9, 8], 70 - 9, gather) is held  # just fits: kept
+        assert res.buffer(ids, starts, t, gather) is not held and gather.calls == 2, (ids, starts, t)
+    res.clear()
+    assert res.buffer(["a", "b"], [5, 3], 1, gather) is not buf  # cleared (after a prefill)
+
+
+def test_a_failed_gather_leaves_no_stale_buffer():
+    res, gather = ResidentLatents(), Gather([4])
+    res.buffer(["a"], [4], 1, gather)
+
+    def broken():
+        raise RuntimeError("gather failed")
+
+    with pytest.raises(RuntimeError):
+        res.buffer(["b"], [4], 1, broken)
+    assert res.buffer(["a"], [4], 1, gather) is not None and gather.calls == 2  # rebuilt, not reused
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("deepseek_v3")
+    model, _ = hf_checkpoint("deepseek_v3", path, num_hidden_layers=2)
+    add_mtp_layer(model, path)
+    return path
+
+
+def run(path, *, resident: bool, k: int = 0, **config) -> tuple[list, int]:
+    """Greedy tokens and top-5 logprobs of prompts of several lengths; the gathers of main layers."""
+    spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    llm = LLM(path, speculative_config=spec, max_model_len=96, block_size=4, **config)
+    runner = llm.engine.runner
+    assert runner.resident is not None  # a bf16/fp32 cache without indexer columns: resident
+    if not resident:
+        runner.resident = None
+    gathers = 0
+    gather_layers = runner.cache.gather_layers
+
+    def counted(*args):
+        nonlocal gathers
+        gathers += 1
+        return gather_layers(*args)
+
+    runner.cache.gather_layers = counted
+    rng = random.Random(3)
+    prompts = [{"prompt_token_ids": [rng.randrange(1, 90) for _ in range(n)]} for n in (9, 1, 23, 4, 15)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=5)
+    outs = llm.generate(prompts, params)
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs], gathers
+
+
+@pytest.mark.parametrize(
+    "k, config",
+    [(0, {}), (2, {}), (0, {"max_num_seqs": 2}), (2, {"max_num_seqs": 3, "num_kv_blocks": 14})],
+    ids=["plain", "mtp", "staggered", "preempted"],
+)
+def test_outputs_bit_identical_to_gathering_every_call(checkpoint, k, config):
+    kept, kept_gathers = run(checkpoint, resident=True, k=k, **config)
+    gathered, all_gathers = run(checkpoint, resident=False, k=k, **config)
+    assert kept == gathered  # tokens and their logprobs, exactly
+    assert kept_gathers < all_gathers / 2  # most decode calls read the resident buffer
