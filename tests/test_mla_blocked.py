@@ -169,3 +169,40 @@ def test_value_matmul_rounds_the_exact_sum_once_to_bf16(monkeypatch, native):
     assert_same_sums(got, exact.float(), torch.bfloat16)
     plain = mla_core.latent_values(probs, c_kv.float(), torch.float32)
     assert torch.equal(plain, torch.bmm(probs, c_kv.float()))
+
+
+def test_keys_held_in_float32_take_the_float32_gemm(monkeypatch):
+    """c_kv held in float32 (the engine's resident buffer): the float32 GEMM rounded to bf16, also where
+    a native bf16 GEMM exists (no conversion pass), the same as a CPU without one computes."""
+    g = torch.Generator().manual_seed(6)
+    probs = torch.softmax(torch.randn(3, 4, 500, generator=g) * 3, -1).bfloat16().float()
+    c_kv = torch.randn(3, 500, L, generator=g).bfloat16()
+    monkeypatch.setattr(mla_core, "native_low_precision_gemm", lambda: False)
+    without = mla_core.latent_values(probs, c_kv, torch.bfloat16)
+    monkeypatch.setattr(mla_core, "native_low_precision_gemm", lambda: True)
+    held = mla_core.latent_values(probs, c_kv.float(), torch.bfloat16)
+    assert torch.equal(held, without)
+    assert torch.equal(held, torch.bmm(probs, c_kv.float()).bfloat16().float())
+
+
+def test_attend_takes_float32_held_keys_on_the_absorbed_path_only():
+    from mlaq.model.mla import AttnPath, MLAConfig, MLAttention
+
+    cfg = MLAConfig(
+        hidden_size=32, num_heads=N, q_lora_rank=None, kv_lora_rank=L, qk_nope_head_dim=P,
+        qk_rope_head_dim=R, v_head_dim=V,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    attn = MLAttention(cfg, dtype=torch.bfloat16)
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    attn.prepare("bf16")
+    hidden = torch.randn(2, 1, 32).bfloat16()
+    proj = attn.project(hidden, torch.tensor([[9], [9]]))
+    keys = torch.randn(2, 10, L + R).bfloat16()
+    as_bf16 = attn.attend(proj.q_nope, proj.q_pe, keys, None, AttnPath.ABSORBED)
+    as_fp32 = attn.attend(proj.q_nope, proj.q_pe, keys.float(), None, AttnPath.ABSORBED)
+    diff = (as_fp32.float() - as_bf16.float()).abs()
+    assert (diff <= as_bf16.float().abs() * 2**-6 + 1e-3).all()  # the value GEMM's order at most
+    with pytest.raises(ValueError, match=r"latent cache is torch\.float32"):
+        attn.attend(proj.q_nope, proj.q_pe, keys.float(), None, AttnPath.NAIVE)

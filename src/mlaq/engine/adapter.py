@@ -116,7 +116,7 @@ class GatheredCache:
             if step.uniform:
                 buf[:, step.starts[0] : step.starts[0] + entry.shape[1]] = entry
             else:
-                buf.scatter_(1, step.positions[:, :, None].expand(-1, -1, e), entry)
+                buf.scatter_(1, step.positions[:, :, None].expand(-1, -1, e), entry.to(buf.dtype))
             keys = buf[:, : step.num_keys]  # (B, K, E); past a row's new tokens: hidden by causality
         elif step.uniform and step.starts[0] == s:  # every row continues at S: append
             keys = torch.cat((past, entry), dim=1) if s else entry  # (B, K, E)

@@ -216,13 +216,15 @@ class MLAttention(nn.Module):
     ) -> Tensor:
         """Attention of queries (B, T, N, P) / (B, T, N, R) over latent keys (B, K, L+R) under a bool mask
         (B, T, K) (None: every key visible), then o_proj -> (B, T, H). For engines that assemble keys and
-        masks themselves. ``causal``: the caller knows ``mask`` is exactly the square causal mask (T = K,
+        masks themselves. Keys are in the compute dtype; the absorbed path also takes them as float32
+        holding values of the compute dtype (the engine's resident buffer, ``mlaq.engine.resident``). ``causal``: the caller knows ``mask`` is exactly the square causal mask (T = K,
         query i sees keys 0..i), so the naive path need not compare it with one."""
         c = self.config
         b, t = q_nope.shape[:2]
         if keys.dim() != 3 or keys.shape[0] != b or keys.shape[2] != c.latent_dim:
             raise ValueError(f"keys must be (B={b}, K, L+R={c.latent_dim}), got {tuple(keys.shape)}")
-        if keys.dtype != self.dtype:
+        held = path is AttnPath.ABSORBED and keys.dtype == torch.float32  # float32 holding its values
+        if keys.dtype != self.dtype and not held:
             raise ValueError(f"latent cache is {keys.dtype} but the layer computes in {self.dtype}")
         if mask is not None and (tuple(mask.shape) != (b, t, keys.shape[1]) or mask.dtype != torch.bool):
             raise ValueError(

@@ -249,17 +249,19 @@ def bf16_value_gemm(dtype: torch.dtype) -> bool:
 
 def latent_values(probs: Tensor, c_kv: Tensor, dtype: torch.dtype) -> Tensor:
     """The value matmul o_latent = probs @ c_kv: probs (B, M, K) float32 holding values of the compute
-    ``dtype``, c_kv (B, K, L) -> (B, M, L) float32; its values are rounded to ``dtype`` unless ``dtype``
-    is float32 (then the float32 product, unrounded).
+    ``dtype``, c_kv (B, K, L) in ``dtype`` or float32 holding its values -> (B, M, L) float32; its
+    values are rounded to ``dtype`` unless ``dtype`` is float32 (then the float32 product, unrounded).
 
     Both operands are exact in ``dtype``, so a bf16 GEMM (exact products, float32 accumulation, one
     rounding to bf16: FlashMLA's P @ V) and a float32 GEMM rounded once to bf16 compute the same sums
     in different orders (about 1 output in 3,000 differs by one bf16 ulp). Where the CPU has a native
-    bf16 GEMM (oneDNN on AVX-512 BF16 or AMX) the bf16 one runs: 2.1-2.4x faster on an AMD EPYC Zen 4;
-    elsewhere the float32 one (torch's generic bf16 kernel is several times slower).
+    bf16 GEMM (oneDNN on AVX-512 BF16 or AMX) and c_kv is held in bf16, the bf16 one runs: 2.1-2.4x
+    faster on an AMD EPYC Zen 4; elsewhere, and for keys already held in float32 (decode over the
+    engine's resident buffer: no conversion pass), the float32 one (torch's generic bf16 kernel is
+    several times slower).
     """
-    if bf16_value_gemm(dtype):
-        return torch.bmm(probs.to(dtype), c_kv.to(dtype)).float()
+    if bf16_value_gemm(dtype) and c_kv.dtype == dtype:
+        return torch.bmm(probs.to(dtype), c_kv).float()
     out = torch.bmm(probs, c_kv.float())
     return out if dtype == torch.float32 else out.to(dtype).float()
 
