@@ -75,14 +75,15 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def run(path, *, resident: bool, k: int = 0, **config) -> tuple[list, int]:
-    """Greedy tokens and top-5 logprobs of prompts of several lengths; the gathers of main layers."""
+def run(path, dtype: torch.dtype, *, resident: bool, k: int = 0, **config) -> tuple[list, int]:
+    """Greedy tokens and top-5 logprobs of prompts of several lengths; the gathers of main layers.
+    A bf16 model's buffer is held in bf16 here: float32 changes the value matmul's summation order on
+    CPUs with a native bf16 GEMM (test_mla_blocked), so only bf16 compares bit for bit."""
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
-    llm = LLM(path, speculative_config=spec, max_model_len=96, block_size=4, **config)
+    llm = LLM(path, dtype=dtype, speculative_config=spec, max_model_len=96, block_size=4, **config)
     runner = llm.engine.runner
     assert runner.resident is not None  # a bf16/fp32 cache without indexer columns: resident
-    if not resident:
-        runner.resident = None
+    runner.resident = ResidentLatents(dtype) if resident else None
     gathers = 0
     gather_layers = runner.cache.gather_layers
 
@@ -104,8 +105,35 @@ def run(path, *, resident: bool, k: int = 0, **config) -> tuple[list, int]:
     [(0, {}), (2, {}), (0, {"max_num_seqs": 2}), (2, {"max_num_seqs": 3, "num_kv_blocks": 14})],
     ids=["plain", "mtp", "staggered", "preempted"],
 )
-def test_outputs_bit_identical_to_gathering_every_call(checkpoint, k, config):
-    kept, kept_gathers = run(checkpoint, resident=True, k=k, **config)
-    gathered, all_gathers = run(checkpoint, resident=False, k=k, **config)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_outputs_bit_identical_to_gathering_every_call(checkpoint, k, config, dtype):
+    kept, kept_gathers = run(checkpoint, dtype, resident=True, k=k, **config)
+    gathered, all_gathers = run(checkpoint, dtype, resident=False, k=k, **config)
     assert kept == gathered  # tokens and their logprobs, exactly
     assert kept_gathers < all_gathers / 2  # most decode calls read the resident buffer
+
+
+def test_float32_buffer_of_a_bf16_model_changes_only_the_value_matmuls_order(checkpoint):
+    """The default buffer (float32) under a bf16 model: the float32 value GEMM instead of a native bf16
+    one, the same sums in another order: chosen-token logprobs agree to a bf16 rounding step."""
+    llm = LLM(checkpoint, dtype=torch.bfloat16, max_model_len=96, block_size=4)
+    assert llm.engine.runner.resident.dtype == torch.float32
+    rng = random.Random(4)
+    prompts = [{"prompt_token_ids": [rng.randrange(1, 90) for _ in range(n)]} for n in (9, 1, 23)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    kept = llm.generate(prompts, params)
+    llm.engine.runner.resident = None
+    gathered = llm.generate(prompts, params)
+    for a, b in zip(kept, gathered, strict=True):
+        n = next(
+            (
+                i
+                for i, (x, y) in enumerate(zip(a.outputs[0].token_ids, b.outputs[0].token_ids, strict=True))
+                if x != y
+            ),
+            12,
+        )
+        for i in range(n):  # up to a first difference (a near tie), the same tokens' logprobs
+            (lp_a,), (lp_b,) = a.outputs[0].logprobs[i].values(), b.outputs[0].logprobs[i].values()
+            assert abs(lp_a - lp_b) <= 0.05
+        assert n >= 4
