@@ -1,0 +1,70 @@
+"""Decode tokens/s with the runner's resident latents in float32 (the default), in bf16, and without
+them (the paged cache gathered every call), alternated in one process (bench/RESULTS.md "Change 6").
+
+    python bench/resident_ab.py BATCH [--prompt-len 512] [--new-tokens 48] [--rounds 3] [--threads 2]
+
+``mlaq.LLM`` on the bundled mlaq-tiny-4k, bf16, greedy, ignore_eos, random prompt ids; decode =
+(generate N+1 tokens - generate 1) / N. Not a test: figures depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from mlaq.engine.llm import LLM  # noqa: E402
+from mlaq.engine.resident import ResidentLatents  # noqa: E402
+from mlaq.engine.sampling_params import SamplingParams  # noqa: E402
+from mlaq.libc import keep_freed_memory  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("batch", type=int)
+    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    keep_freed_memory()
+    llm = LLM(a.model, dtype=torch.bfloat16, max_num_seqs=max(a.batch, 16))
+    rng = random.Random(1)
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(3, 4000) for _ in range(a.prompt_len)]} for _ in range(a.batch)
+    ]
+
+    def decode_rate(n: int) -> float:
+        times = []
+        for m in (1, n + 1):
+            t0 = time.perf_counter()
+            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
+            times.append(time.perf_counter() - t0)
+        return a.batch * n / (times[1] - times[0])
+
+    modes = {
+        "float32 buffer": lambda: ResidentLatents(torch.float32),
+        "bf16 buffer": lambda: ResidentLatents(torch.bfloat16),
+        "gather every call": lambda: None,
+    }
+    decode_rate(4)
+    print(f"batch {a.batch} x {a.prompt_len}-token prompts, decode tokens/s per round: " + " / ".join(modes))
+    for _ in range(a.rounds):
+        rates = []
+        for make in modes.values():
+            llm.engine.runner.resident = make()
+            rates.append(f"{decode_rate(a.new_tokens):.0f}")
+        print(" / ".join(rates), flush=True)
+
+
+if __name__ == "__main__":
+    main()
