@@ -137,3 +137,18 @@ def test_float32_buffer_of_a_bf16_model_changes_only_the_value_matmuls_order(che
             (lp_a,), (lp_b,) = a.outputs[0].logprobs[i].values(), b.outputs[0].logprobs[i].values()
             assert abs(lp_a - lp_b) <= 0.05
         assert n >= 4
+
+
+def test_an_idle_engine_holds_no_buffer(checkpoint):
+    llm = LLM(checkpoint, max_model_len=96, block_size=4)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    held = []
+    for _ in llm.generate_stream([{"prompt_token_ids": [5, 9, 2]}, {"prompt_token_ids": [7] * 11}], params):
+        held.append(llm.engine.runner.resident._batch is not None)
+    assert any(held)  # decoding kept it
+    assert llm.engine.runner.resident._batch is None  # released once every request finished
+    rid = llm.engine.add_request([3, 4, 5], params)
+    llm.engine.step()  # prefill
+    llm.engine.step()  # a decode step builds it
+    assert llm.engine.runner.resident._batch is not None
+    assert llm.engine.abort(rid) and llm.engine.runner.resident._batch is None

@@ -162,6 +162,8 @@ class LLMEngine:
             return False
         self.scheduler.abort(r.seq)
         r.seq.finish(FinishReason.ABORT)
+        if not self._requests:
+            self.runner.release()
         return True
 
     @property
@@ -195,6 +197,8 @@ class LLMEngine:
         outputs = [self._delta(r) for r in reqs]
         for seq in self.scheduler.finish_done():
             del self._requests[seq.seq_id]
+        if not self._requests:
+            self.runner.release()  # idle: no resident buffer held between batches
         return outputs
 
     def _prefill(self, reqs: list[Request]) -> None:

@@ -45,6 +45,11 @@ class ModelRunner:
         positions = torch.tensor([range(st, st + t) for st in starts], dtype=torch.int64)  # (B, T)
         return ids, positions
 
+    def release(self) -> None:
+        """Drop the resident buffer (the engine is idle); the paged cache refills it on the next call."""
+        if self.resident is not None:
+            self.resident.clear()
+
     def _store(
         self,
         seqs: Sequence[Seq],
