@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,8 +21,10 @@ sys.path.insert(0, str(REPO / "src"))
 
 from mlaq.engine.llm import LLM  # noqa: E402
 from mlaq.engine.resident import ResidentLatents  # noqa: E402
-from mlaq.engine.sampling_params import SamplingParams  # noqa: E402
 from mlaq.libc import keep_freed_memory  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from decode_budget import decode_rate  # noqa: E402
 
 
 def main() -> None:
@@ -43,26 +44,18 @@ def main() -> None:
         {"prompt_token_ids": [rng.randrange(3, 4000) for _ in range(a.prompt_len)]} for _ in range(a.batch)
     ]
 
-    def decode_rate(n: int) -> float:
-        times = []
-        for m in (1, n + 1):
-            t0 = time.perf_counter()
-            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
-            times.append(time.perf_counter() - t0)
-        return a.batch * n / (times[1] - times[0])
-
     modes = {
         "float32 buffer": lambda: ResidentLatents(torch.float32),
         "bf16 buffer": lambda: ResidentLatents(torch.bfloat16),
         "gather every call": lambda: None,
     }
-    decode_rate(4)
+    decode_rate(llm, prompts, 4)
     print(f"batch {a.batch} x {a.prompt_len}-token prompts, decode tokens/s per round: " + " / ".join(modes))
     for _ in range(a.rounds):
         rates = []
         for make in modes.values():
             llm.engine.runner.resident = make()
-            rates.append(f"{decode_rate(a.new_tokens):.0f}")
+            rates.append(f"{decode_rate(llm, prompts, a.new_tokens):.0f}")
         print(" / ".join(rates), flush=True)
 
 

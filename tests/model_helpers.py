@@ -218,3 +218,10 @@ def decode_vs_prefill(model: Any, seed: int = 5) -> float:
     model.prefill(ids[:, :-1], cache)
     last = model.decode(ids[:, -1:], cache).logits[:, 0]
     return float((last - full).abs().max() / full.abs().max())
+
+
+def deepseek_v3_with_mtp(path: Path) -> Path:
+    """A random 2-layer deepseek_v3 checkpoint with one MTP layer, saved to ``path``."""
+    model, _ = hf_checkpoint("deepseek_v3", path, num_hidden_layers=2)
+    add_mtp_layer(model, path)
+    return path

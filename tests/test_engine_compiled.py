@@ -15,7 +15,7 @@ from mlaq.engine.llm import LLM
 from mlaq.engine.sampling_params import SamplingParams
 from mlaq.model import load_model
 from mlaq.model.static_step import StaticStep
-from model_helpers import add_mtp_layer, hf_checkpoint
+from model_helpers import deepseek_v3_with_mtp, hf_checkpoint
 
 PROMPTS = [[5, 17, 33, 2, 9, 41, 7], [11, 3, 60, 28], [70, 12, 8, 51, 19, 4, 30, 22, 6]]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -23,10 +23,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ds3")
-    model, _ = hf_checkpoint("deepseek_v3", path, num_hidden_layers=2)
-    add_mtp_layer(model, path)
-    return path
+    return deepseek_v3_with_mtp(tmp_path_factory.mktemp("ds3"))
 
 
 def tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:

@@ -13,7 +13,7 @@ from mlaq.engine.resident import GROWTH_MIN, ResidentLatents
 from mlaq.engine.sampling_params import SamplingParams
 
 pytest.importorskip("transformers")
-from model_helpers import add_mtp_layer, hf_checkpoint
+from model_helpers import deepseek_v3_with_mtp
 
 
 class Gather:
@@ -69,10 +69,7 @@ def test_a_failed_gather_leaves_no_stale_buffer():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("deepseek_v3")
-    model, _ = hf_checkpoint("deepseek_v3", path, num_hidden_layers=2)
-    add_mtp_layer(model, path)
-    return path
+    return deepseek_v3_with_mtp(tmp_path_factory.mktemp("deepseek_v3"))
 
 
 def run(path, dtype: torch.dtype, *, resident: bool, k: int = 0, **config) -> tuple[list, int]:
