@@ -85,6 +85,10 @@ def test_static_moe_matches_eager_moe(checkpoint, tmp_path, top_k):
     for n in (1, 2, 9):  # n*k < E gathers (n = 1, 2), else every expert runs (n = 9)
         x = torch.randn(1, n, model.config.hidden_size, generator=g)
         torch.testing.assert_close(_moe(moe, experts, x), moe(x), rtol=1e-5, atol=1e-6)
+    stacked = moe._live_stack()  # the loader's stacked storage: the static step views it, no copy
+    assert stacked is not None
+    for mine, theirs in zip((experts.gate, experts.up, experts.down), stacked, strict=True):
+        assert mine.data_ptr() == theirs.data_ptr() and mine.numel() == theirs.numel()
 
 
 def test_compile_refuses_other_models():

@@ -84,6 +84,11 @@ class StaticStep:
     def _stacked(layer: DecoderLayer) -> _Experts | None:
         if not isinstance(layer.mlp, MoE):
             return None
+        live = layer.mlp._live_stack()  # the loader's stacked storage: views of it, no second copy
+        if live is not None:
+            gate, up, down = live  # (E*I, H), (E*I, H), (E, H, I)
+            e, _, inter = down.shape
+            return _Experts(gate.view(e, inter, -1), up.view(e, inter, -1), down)
         experts = layer.mlp._expert_list
         return _Experts(
             torch.stack([e.gate_proj.weight for e in experts]),
