@@ -149,3 +149,23 @@ def test_an_idle_engine_holds_no_buffer(checkpoint):
     llm.engine.step()  # a decode step builds it
     assert llm.engine.runner.resident._batch is not None
     assert llm.engine.abort(rid) and llm.engine.runner.resident._batch is None
+
+
+def test_a_failed_call_drops_the_buffer(checkpoint):
+    llm = LLM(checkpoint, max_model_len=96, block_size=4)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm.engine.add_request([3, 4, 5, 6], params)
+    llm.engine.step()  # prefill
+    llm.engine.step()  # decode: the buffer is built
+    runner = llm.engine.runner
+    assert runner.resident._batch is not None
+    forward = runner.model.forward
+
+    def failing(*args, **kwargs):
+        forward(*args, **kwargs)  # the layers write into the buffer, then the call fails
+        raise RuntimeError("interrupted")
+
+    runner.model.forward = failing
+    with pytest.raises(RuntimeError, match="interrupted"):
+        llm.engine.step()
+    assert runner.resident._batch is None

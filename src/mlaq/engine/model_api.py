@@ -50,7 +50,11 @@ class CacheGeometry:
 
 
 class LatentLM(Protocol):
-    """The model contract of the engine (``mlaq.engine.adapter`` wraps mlaq's DeepSeek models)."""
+    """The model contract of the engine (``mlaq.engine.adapter`` wraps mlaq's DeepSeek models).
+
+    Optional: a model whose ``accepts_room`` is True also takes ``room=`` in absorbed-path ``forward``
+    calls, the runner's resident buffer (``mlaq.engine.resident``) that ``past`` views; it writes the
+    new entries there and reads the keys back from it (``mlaq.engine.adapter.GatheredCache``)."""
 
     @property
     def geometry(self) -> CacheGeometry: ...

@@ -100,9 +100,13 @@ class ModelRunner:
             gather = lambda: self.cache.gather_layers(len(layers), batch)  # noqa: E731
             room = self.resident.buffer(seq_ids, starts, ids.shape[1], gather)  # (layers, B, cap, L+R)
             past = room[:, :, : max(starts)]  # (layers, B, S_max, L+R)
-            out = self.model.forward(
-                ids, positions, past, prefill=False, logits_index=logits_index, room=room
-            )
+            try:
+                out = self.model.forward(
+                    ids, positions, past, prefill=False, logits_index=logits_index, room=room
+                )
+            except BaseException:
+                self.resident.clear()  # layers may have written part of the call: never reuse it
+                raise
             self.resident.written([st + n for st, n in zip(starts, lengths, strict=True)])
         else:
             if self.resident is not None:

@@ -217,8 +217,9 @@ class MLAttention(nn.Module):
         """Attention of queries (B, T, N, P) / (B, T, N, R) over latent keys (B, K, L+R) under a bool mask
         (B, T, K) (None: every key visible), then o_proj -> (B, T, H). For engines that assemble keys and
         masks themselves. Keys are in the compute dtype; the absorbed path also takes them as float32
-        holding values of the compute dtype (the engine's resident buffer, ``mlaq.engine.resident``). ``causal``: the caller knows ``mask`` is exactly the square causal mask (T = K,
-        query i sees keys 0..i), so the naive path need not compare it with one."""
+        holding values of the compute dtype (the engine's resident buffer, ``mlaq.engine.resident``).
+        ``causal``: the caller knows ``mask`` is exactly the square causal mask (T = K, query i sees
+        keys 0..i), so the naive path need not compare it with one."""
         c = self.config
         b, t = q_nope.shape[:2]
         if keys.dim() != 3 or keys.shape[0] != b or keys.shape[2] != c.latent_dim:
