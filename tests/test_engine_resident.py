@@ -51,8 +51,9 @@ def test_kept_while_the_batch_continues_and_rebuilt_otherwise():
         res.written([9, 8])
         assert res.buffer(["a", "b"], [9, 8], 70 - 9, gather) is held  # just fits: kept
         assert res.buffer(ids, starts, t, gather) is not held and gather.calls == 2, (ids, starts, t)
-    res.clear()
-    assert res.buffer(["a", "b"], [5, 3], 1, gather) is not buf  # cleared (after a prefill)
+    kept = res.buffer(["a", "b"], [9, 8], 1, gather)
+    res.clear()  # after a prefill
+    assert res.buffer(["a", "b"], [9, 8], 1, gather) is not kept and gather.calls == 3  # rebuilt
 
 
 def test_a_failed_gather_leaves_no_stale_buffer():

@@ -65,8 +65,9 @@ class ResidentLatents:
             past = gather()  # (layers, B, S, L+R)
             n, b, s, width = past.shape
             capacity = need + max(need // 4, GROWTH_MIN)
-            buf = torch.zeros(n, b, capacity, width, dtype=self.dtype)
+            buf = torch.empty(n, b, capacity, width, dtype=self.dtype)
             buf[:, :, :s] = past
+            buf[:, :, s:] = 0  # finite past every row's entries (the history is written once)
             held = _Batch(tuple(seq_ids), buf, list(starts))
             self._batch = held
         return held.buffer
