@@ -78,6 +78,18 @@ def test_gfx942_converts_stored_e4m3fn_exactly_and_refuses_mx_targets():
         )
 
 
+def test_sm90_targets_run_on_cuda_only():
+    qc = '{"targets": {"re:.*kv_b_proj": "fp8_per_block_sm90"}}'
+    assert one(decide_from_dir(BF16, Settings(platform=CUDA), qc, log=False)) == (
+        "fp8_per_block_sm90",
+        "targets",
+    )
+    assert one(decide_from_dir(BF16, Settings(), qc, log=False)) == ("fp8_per_block_sm90", "targets")
+    for plat in (G942, G950, CPU):
+        with pytest.raises(ValueError, match=f"Hopper .* which {plat} does not run; use fp8_per_block$"):
+            decide_from_dir(BF16, Settings(platform=plat), qc, log=False)
+
+
 def vllm(plat: Platform, aiter: bool = True, fp8: bool = True, fp4: bool = True) -> Settings:
     return Settings(platform=plat, engine=Engine.VLLM_032, vllm=VllmRocmEnv(aiter, fp8, fp4))
 

@@ -3,6 +3,7 @@
 from mlaq.bmm.base import BmmScheme, PreparedWeight
 from mlaq.bmm.check import DEFAULT_SHAPES, KernelReport, KernelShape, ShapeCheck, check_kernel
 from mlaq.bmm.fp8 import Fp8PerBlock, Fp8PerChannel, Fp8PerHead, Fp8PerTensor, Fp8Weight
+from mlaq.bmm.fp8_sm90 import Fp8PerBlockSm90
 from mlaq.bmm.kv_b import (
     split_kv_b_proj,
     split_kv_b_proj_fp8,
@@ -16,6 +17,7 @@ __all__ = [
     "DEFAULT_SHAPES",
     "BmmScheme",
     "Fp8PerBlock",
+    "Fp8PerBlockSm90",
     "Fp8PerChannel",
     "Fp8PerHead",
     "Fp8PerTensor",

@@ -113,6 +113,12 @@ class KernelReport:
                 f"{s.heads:>4} {s.batch:>4} {s.k:>4} {s.m:>4} {c.max_ulps:>10.3g} {c.max_excess:>9.3g} "
                 f"{c.flagged:>6}/{c.total:<6}  {verdict}  ({s.why})"
             )
+        if not self.passed and self.scheme == "fp8_per_block":
+            lines.append(
+                "note: a kernel on NVIDIA Hopper FP8 tensor cores (DeepGEMM, cuBLASLt, Triton tl.dot) keeps 13 "
+                "fraction bits of each sum and departs from exact sums by up to ~2^-11 of sum |x w|; check "
+                "such a kernel against fp8_per_block_sm90, which models those sums bit for bit"
+            )
         return "\n".join(lines)
 
     def __str__(self) -> str:

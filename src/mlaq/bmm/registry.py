@@ -1,7 +1,8 @@
 """Scheme names -> scheme objects. Names follow vLLM's online-quantization shorthands.
 
 FP8 schemes use e4m3fn (NVIDIA, AMD gfx950); the suffix ``_fnuz`` names the same scheme over
-e4m3fnuz (AMD gfx942 / MI300), e.g. ``fp8_per_tensor_fnuz``.
+e4m3fnuz (AMD gfx942 / MI300), e.g. ``fp8_per_tensor_fnuz``; the suffix ``_sm90`` names the same scheme
+with NVIDIA Hopper's FP8 tensor-core sums (``fp8_per_block_sm90``, measured on an H200).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Callable
 
 from mlaq.bmm.base import Bf16Reference, BmmScheme, Fp32Reference
 from mlaq.bmm.fp8 import Fp8PerBlock, Fp8PerChannel, Fp8PerHead, Fp8PerTensor
+from mlaq.bmm.fp8_sm90 import Fp8PerBlockSm90
 from mlaq.bmm.mx import Mxfp4, Mxfp4W4A16, Mxfp8
 from mlaq.formats import Fp8Dtype
 
@@ -20,6 +22,7 @@ def _factories() -> dict[str, Callable[[], BmmScheme]]:
     table: dict[str, Callable[[], BmmScheme]] = {"fp32": Fp32Reference, "bf16": Bf16Reference}
     for cls in _FP8:
         table[cls.base_name] = cls
+    table["fp8_per_block_sm90"] = Fp8PerBlockSm90
     table.update({"mxfp4": Mxfp4, "mxfp4_w4a16": Mxfp4W4A16, "mxfp8": Mxfp8})
     for cls in _FP8:
         table[f"{cls.base_name}_fnuz"] = lambda cls=cls: cls(Fp8Dtype.E4M3FNUZ)
@@ -27,7 +30,7 @@ def _factories() -> dict[str, Callable[[], BmmScheme]]:
 
 
 def scheme_names() -> tuple[str, ...]:
-    """Every registered name: references, fp8 (e4m3fn), MX, then the e4m3fnuz variants."""
+    """Every registered name: references, fp8 (e4m3fn), the Hopper variant, MX, then the e4m3fnuz variants."""
     return tuple(_factories())
 
 

@@ -9,6 +9,7 @@
   and ``fp8_dtype()`` follows it (vllm/platforms/rocm.py); the FP8 BMM weight and activations use
   ``current_platform.fp8_dtype()`` (vllm/model_executor/layers/attention/mla_attention.py).
 - MX formats exist on gfx95x only: ``RocmPlatform.supports_mx`` is ``"gfx95" in arch``.
+- ``_sm90`` schemes are NVIDIA Hopper's FP8 tensor-core sums (mlaq.bmm.tensor_core): cuda only.
 A ``platform`` of None is mlaq's emulation: every scheme exists, bit-exact on any CPU.
 """
 
@@ -58,6 +59,11 @@ def target_scheme(scheme: str, platform: Platform | None, where: str) -> tuple[s
         raise ValueError(
             f"{where}: {scheme} is e4m3fnuz, which only rocm-gfx942 uses (vllm/platforms/rocm.py is_fp8_fnuz); "
             f"on {platform} use {scheme.removesuffix('_fnuz')}"
+        )
+    if scheme.endswith("_sm90") and platform is not Platform.CUDA:
+        raise ValueError(
+            f"{where}: {scheme} is NVIDIA Hopper (sm90) tensor-core arithmetic, which {platform} does not run; "
+            f"use {scheme.removesuffix('_sm90')}"
         )
     if scheme.startswith("mx") and platform in NO_MX_PLATFORMS:
         raise ValueError(

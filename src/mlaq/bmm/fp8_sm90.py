@@ -1,0 +1,57 @@
+"""fp8_per_block as an NVIDIA Hopper GPU computes it: DeepGEMM's loop on the sm90 FP8 tensor cores.
+
+Same weights and activation codes as ``fp8_per_block`` (128x128 weight blocks, 1x128 activation groups);
+what differs is the sum. Per 128-deep K-block the tensor cores chain four 32-deep ``wgmma`` steps into a
+13-fraction-bit accumulator that starts at zero (``mlaq.bmm.tensor_core``), and the partial sum is then
+promoted into an fp32 register, ``final = fma(scale_a * scale_b, partial, final)`` (DeepGEMM's
+``final_accum += scale_0_0 * accum``, contracted to one FMA by nvcc); bf16 output, round to nearest.
+``fp8_per_block`` assumes exact sums instead: on an H200 the two differ in about 4 % of the bf16
+outputs, by about 2 % of the quantization error's norm (bench/fp8_hardware.py, bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+import torch
+from torch import Tensor
+
+from mlaq.bmm.base import PreparedWeight, check_operands
+from mlaq.bmm.fp8 import Fp8PerBlock
+from mlaq.bmm.fp8_quant import FP8_GROUP, deepseek_token_group_quant
+from mlaq.bmm.tensor_core import fma_fp32, sm90_fp8_dot
+from mlaq.formats import Fp8Dtype
+
+
+class Fp8PerBlockSm90(Fp8PerBlock):
+    """fp8_per_block with Hopper's FP8 tensor-core sums and DeepGEMM's per-128 FMA promotion (e4m3fn)."""
+
+    base_name = "fp8_per_block_sm90"
+    arithmetic = (
+        "DeepSeek-V3 block FP8 as DeepGEMM runs it on Hopper (sm90): {dtype} weight with one scale per "
+        "128x128 block of (K, M) per head (amax/{max}), activations per token per 128 along K as "
+        "DeepSeek-V3's act_quant does, per K-block code dot products on the FP8 tensor cores (32-deep steps "
+        "into a 13-fraction-bit accumulator, truncating), promoted as fma(activation scale x weight scale, "
+        "partial, fp32 sum), bf16 output"
+    )
+
+    def __init__(self, dtype: Fp8Dtype = Fp8Dtype.E4M3FN) -> None:
+        if dtype is not Fp8Dtype.E4M3FN:
+            raise ValueError("fp8_per_block_sm90 is NVIDIA Hopper arithmetic: e4m3fn only")
+        super().__init__(dtype)
+
+    def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
+        check_operands(x, prepared)
+        w = self._weight(prepared)
+        xq, xs = deepseek_token_group_quant(x, self.dtype)  # (N, B, K) codes, (N, B, G) scales
+        k = x.shape[2]
+        cuts = sorted(set(w.k_bounds) | set(range(0, k, FP8_GROUP)))  # segments never cross a group
+        acc = torch.zeros(x.shape[0], x.shape[1], w.shape[2])
+        for k0, k1 in itertools.pairwise(cuts):
+            s = bisect.bisect_right(w.k_bounds, k0) - 1  # weight segment holding k0
+            g = k0 // FP8_GROUP
+            scale = xs[:, :, g : g + 1] * w.scale[:, s : s + 1, :]  # (N, B, 1) * (N, 1, M), fp32
+            partial = sm90_fp8_dot(xq[:, :, k0:k1], w.values[:, k0:k1, :])
+            acc = fma_fp32(scale, partial, acc)
+        return acc.to(torch.bfloat16).float()
