@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from mlaq import __version__
+from mlaq.settings import bound_onednn_caches
 
 # name -> (module, one-line help). Modules are imported lazily.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -45,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(args._module)
+    bound_onednn_caches()  # before the command's first GEMM: oneDNN reads it once (mlaq.settings)
     try:
         return int(module.run(args) or 0)
     except (ValueError, FileNotFoundError) as exc:  # user errors: message, no traceback

@@ -24,7 +24,7 @@ from mlaq.model.mla_core import Precision
 from mlaq.model.moe import MoE
 from mlaq.model.weights import CheckpointQuant, CheckpointWeight, read_linear, read_tensor
 from mlaq.policy import ExplicitConfig, decide_from_dir
-from mlaq.settings import Settings
+from mlaq.settings import Settings, bound_onednn_caches
 
 LOGGER = logging.getLogger("mlaq.model")
 _DTYPES = MappingProxyType({"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32})
@@ -55,6 +55,7 @@ def load_model(
     precision: which kv_b weights prefill uses (DECODE_ONLY: the checkpoint's, as vLLM; CONSISTENT: the
     scheme's). load_mtp: None loads the MTP layers if the checkpoint stores them, True requires them.
     """
+    bound_onednn_caches()  # before the process's first bf16 GEMM (mlaq.settings): no per-shape growth
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     quant = CheckpointQuant.from_hf(cfg.hf, str(path / "config.json"))
