@@ -1,5 +1,5 @@
-"""The sm90 FP8 tensor-core model against an H200's own outputs (tests/fixtures/h200_fp8_dots.safetensors),
-and the fp32 FMA against exact rational arithmetic."""
+"""The sm90 tensor-core models against an H200's own outputs (tests/fixtures/h200_fp8_dots.safetensors,
+h200_bf16_dots.safetensors), and the fp32 FMA against exact rational arithmetic."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mlaq.bmm.tensor_core import fma_fp32, sm90_fp8_dot
+from mlaq.bmm.tensor_core import fma_fp32, sm90_bf16_dot, sm90_fp8_dot
 
 DOTS = Path(__file__).parent / "fixtures" / "h200_fp8_dots.safetensors"
+BF16_DOTS = Path(__file__).parent / "fixtures" / "h200_bf16_dots.safetensors"
 SETS = [f"{kind}_k{k}" for kind, k in itertools.product(("normal", "wide", "positive"), (16, 32, 64, 128))]
+BF16_SETS = [
+    f"{kind}_k{k}" for kind, k in itertools.product(("normal", "wide", "positive"), (16, 32, 64, 128, 512))
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,26 @@ def test_promotion_every_k_step_matches_h200(dots, tag):
             acc = acc + sm90_fp8_dot(a[:, :, k0 : k0 + 32], b[:, k0 : k0 + 32])
         want = dots[f"{tag}_triton_imprecise32{'_c' if with_c else ''}"][None]
         assert torch.equal(acc, want)
+
+
+@pytest.fixture(scope="module")
+def bf16_dots() -> dict[str, torch.Tensor]:
+    return load_file(BF16_DOTS)
+
+
+@pytest.mark.parametrize("tag", BF16_SETS)
+def test_bf16_matches_h200_bit_for_bit(bf16_dots, tag):
+    """16 products a step, aligned to 2^-25 of the largest, truncated to fp32: cuBLAS and Triton alike."""
+    a, b, c = bf16_dots[f"{tag}_a"][None], bf16_dots[f"{tag}_b"][None], bf16_dots[f"{tag}_c"][None]
+    assert torch.equal(sm90_bf16_dot(a, b), bf16_dots[f"{tag}_triton"][None])
+    assert torch.equal(sm90_bf16_dot(a, b, c), bf16_dots[f"{tag}_triton_c"][None])
+    assert torch.equal(sm90_bf16_dot(a, b), bf16_dots[f"{tag}_cublas_fp32"][None])
+
+
+def test_bf16_exact_summation_would_not_match(bf16_dots):
+    a, b = bf16_dots["normal_k512_a"][None], bf16_dots["normal_k512_b"][None]
+    exact = torch.bmm(a.double(), b.double()).float()
+    assert (exact != bf16_dots["normal_k512_triton"][None]).float().mean() > 0.9
 
 
 def test_exact_summation_would_not_match(dots):

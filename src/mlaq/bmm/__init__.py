@@ -3,7 +3,6 @@
 from mlaq.bmm.base import BmmScheme, PreparedWeight
 from mlaq.bmm.check import DEFAULT_SHAPES, KernelReport, KernelShape, ShapeCheck, check_kernel
 from mlaq.bmm.fp8 import Fp8PerBlock, Fp8PerChannel, Fp8PerHead, Fp8PerTensor, Fp8Weight
-from mlaq.bmm.fp8_sm90 import Fp8PerBlockSm90
 from mlaq.bmm.kv_b import (
     split_kv_b_proj,
     split_kv_b_proj_fp8,
@@ -12,9 +11,11 @@ from mlaq.bmm.kv_b import (
 )
 from mlaq.bmm.mx import Mxfp4, Mxfp4W4A16, Mxfp8, MxWeight
 from mlaq.bmm.registry import get_scheme, scheme_names
+from mlaq.bmm.sm90 import Bf16Sm90, Fp8PerBlockSm90
 
 __all__ = [
     "DEFAULT_SHAPES",
+    "Bf16Sm90",
     "BmmScheme",
     "Fp8PerBlock",
     "Fp8PerBlockSm90",

@@ -2,7 +2,7 @@
 
 FP8 schemes use e4m3fn (NVIDIA, AMD gfx950); the suffix ``_fnuz`` names the same scheme over
 e4m3fnuz (AMD gfx942 / MI300), e.g. ``fp8_per_tensor_fnuz``; the suffix ``_sm90`` names the same scheme
-with NVIDIA Hopper's FP8 tensor-core sums (``fp8_per_block_sm90``, measured on an H200).
+with NVIDIA Hopper's tensor-core sums (``bf16_sm90``, ``fp8_per_block_sm90``, measured on an H200).
 """
 
 from __future__ import annotations
@@ -11,15 +11,19 @@ from collections.abc import Callable
 
 from mlaq.bmm.base import Bf16Reference, BmmScheme, Fp32Reference
 from mlaq.bmm.fp8 import Fp8PerBlock, Fp8PerChannel, Fp8PerHead, Fp8PerTensor
-from mlaq.bmm.fp8_sm90 import Fp8PerBlockSm90
 from mlaq.bmm.mx import Mxfp4, Mxfp4W4A16, Mxfp8
+from mlaq.bmm.sm90 import Bf16Sm90, Fp8PerBlockSm90
 from mlaq.formats import Fp8Dtype
 
 _FP8 = (Fp8PerTensor, Fp8PerHead, Fp8PerChannel, Fp8PerBlock)
 
 
 def _factories() -> dict[str, Callable[[], BmmScheme]]:
-    table: dict[str, Callable[[], BmmScheme]] = {"fp32": Fp32Reference, "bf16": Bf16Reference}
+    table: dict[str, Callable[[], BmmScheme]] = {
+        "fp32": Fp32Reference,
+        "bf16": Bf16Reference,
+        "bf16_sm90": Bf16Sm90,
+    }
     for cls in _FP8:
         table[cls.base_name] = cls
     table["fp8_per_block_sm90"] = Fp8PerBlockSm90

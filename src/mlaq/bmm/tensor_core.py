@@ -1,30 +1,45 @@
-"""NVIDIA Hopper (sm90) FP8 tensor-core arithmetic, bit for bit, and the fp32 FMA of the promotion step.
+"""NVIDIA Hopper (sm90) tensor-core sums, bit for bit (FP8 and bf16), and the fp32 FMA of a promotion step.
 
-An FP8 ``wgmma`` (e4m3 x e4m3 -> f32) does not sum exactly and round once. Fitted to an H200's outputs
-(``bench/fp8_hardware.py --dump``; the data is ``tests/fixtures/h200_fp8_dots.safetensors``) until every
-output matched, for cuBLASLt's ``torch._scaled_mm`` and Triton's ``tl.dot`` alike, it works per 32
-products along K (one FP8 k-step) together with the accumulator c:
+A ``wgmma`` does not sum exactly and round once. Fitted to an H200's outputs (``bench/fp8_hardware.py`` and
+``bench/bf16_hardware.py`` with ``--dump``; the data is ``tests/fixtures/h200_*_dots.safetensors``) until
+every output matched, for cuBLAS(Lt) and Triton's ``tl.dot`` alike, it works per k-step of products along
+K (32 for FP8, 16 for bf16) together with the accumulator c:
 
 1. each product ``a_i * b_i`` is exact; its exponent is taken as ``ea + eb``, the inputs' own exponents
-   (subnormal inputs at -6), not the product's renormalised one;
+   (subnormal inputs at the format's smallest normal exponent), not the product's renormalised one;
 2. every term, c included, is aligned to the largest of those exponents E and truncated toward zero to
-   a multiple of ``2^(E - 13)``;
+   a multiple of ``2^(E - F)``: F = 13 for FP8, 25 for bf16;
 3. the aligned terms are summed exactly; the sum is normalised and truncated toward zero to 13 fraction
-   bits, the next c (an "e8m13" accumulator: the low 10 bits of every fp32 output are zero).
+   bits for FP8 (an "e8m13" accumulator: the low 10 bits of every fp32 output are zero), to fp32's 23 for
+   bf16; that is the next c.
 
-Longer K chains the 32-steps through c. This is the "about 14 bits" of FP8 accumulation the DeepSeek-V3
+Longer K chains the k-steps through c. For FP8 this is the "about 14 bits" of accumulation the DeepSeek-V3
 report measured on H800, and why DeepGEMM promotes each 128-deep partial sum into an fp32 register:
 ``final += (scale_a * scale_b) * partial``, which nvcc contracts into one fused multiply-add.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-SM90_FP8_K_STEP = 32  # products one FP8 wgmma k-step sums
-SM90_FRACTION_BITS = 13  # fraction bits the accumulator keeps
-_E4M3_MIN_EXP = -6  # exponent of e4m3fn subnormals and of its smallest normal
+
+@dataclass(frozen=True)
+class TensorCoreSum:
+    """How one kind of sm90 ``wgmma`` sums: products per k-step, alignment bits, result bits."""
+
+    name: str
+    k_step: int  # products one instruction's k-step sums (with the accumulator)
+    align_bits: int  # terms are truncated to 2^-align_bits of the largest exponent
+    result_bits: int  # fraction bits the normalised sum keeps (truncated)
+    min_exp: int  # exponent of the input format's subnormals (= its smallest normal exponent)
+
+
+SM90_FP8 = TensorCoreSum("sm90 e4m3 x e4m3 -> f32", k_step=32, align_bits=13, result_bits=13, min_exp=-6)
+# bf16 subnormal inputs at -126 by analogy with e4m3's: the H200 data held none (unverified)
+SM90_BF16 = TensorCoreSum("sm90 bf16 x bf16 -> f32", k_step=16, align_bits=25, result_bits=23, min_exp=-126)
 _NO_EXP = -(2**20)  # exponent given to zeros: never the largest
 _TILE = 1 << 22  # products materialised at once (32 MB of float64)
 
@@ -41,35 +56,48 @@ def _truncate(x: Tensor, exp: Tensor) -> Tensor:
     return torch.trunc(x / step) * step
 
 
-def _step(prods: Tensor, prod_exp: Tensor, acc: Tensor) -> Tensor:
-    """One k-step: prods / prod_exp (N, B, k, M), acc (N, B, M) float64 on the e8m13 grid."""
+def _step(prods: Tensor, prod_exp: Tensor, acc: Tensor, kind: TensorCoreSum) -> Tensor:
+    """One k-step: prods / prod_exp (N, B, k, M), acc (N, B, M) float64 on the result grid."""
     acc_exp = _exponent(acc)
-    top = torch.maximum(prod_exp.amax(dim=2), acc_exp).clamp(min=-200)  # (N, B, M); all-zero: any grid
-    shift = (top - SM90_FRACTION_BITS).unsqueeze(2)
+    top = torch.maximum(prod_exp.amax(dim=2), acc_exp).clamp(min=-400)  # (N, B, M); all-zero: any grid
+    shift = (top - kind.align_bits).unsqueeze(2)
     total = _truncate(prods, shift).sum(dim=2) + _truncate(acc, shift[:, :, 0])  # exact in float64
-    return torch.where(total == 0, total, _truncate(total, _exponent(total) - SM90_FRACTION_BITS))
+    return torch.where(total == 0, total, _truncate(total, _exponent(total) - kind.result_bits))
+
+
+def sm90_dot(x: Tensor, w: Tensor, acc: Tensor | None = None, kind: TensorCoreSum = SM90_FP8) -> Tensor:
+    """What a Hopper wgmma chain of ``kind`` computes: (N, B, K) x (N, K, M) values of the input format
+    (any float dtype holding them exactly) plus an optional fp32 accumulator (N, B, M) -> fp32 (N, B, M).
+
+    float64 holds every step exactly: products of two 8-bit (bf16) significands need 16 bits, and a
+    k-step's aligned terms sum below 2^(align_bits + 3 + log2 k_step) units."""
+    n, b, k = x.shape
+    m = w.shape[2]
+    xd, wd = x.double(), w.double()
+    x_exp = torch.clamp(_exponent(xd), min=kind.min_exp)
+    w_exp = torch.clamp(_exponent(wd), min=kind.min_exp)
+    start = torch.zeros(n, b, m, dtype=torch.float64) if acc is None else acc.float().double()
+    rows = max(1, _TILE // max(1, n * kind.k_step * m))  # tokens a tile of products holds
+    out = []
+    for b0 in range(0, b, rows):
+        xs, xe, c = xd[:, b0 : b0 + rows], x_exp[:, b0 : b0 + rows], start[:, b0 : b0 + rows]
+        for k0 in range(0, k, kind.k_step):
+            k1 = min(k0 + kind.k_step, k)
+            prods = xs[:, :, k0:k1, None] * wd[:, None, k0:k1, :]  # exact
+            exp = xe[:, :, k0:k1, None] + w_exp[:, None, k0:k1, :]
+            c = _step(prods, torch.where(prods == 0, torch.full_like(exp, _NO_EXP), exp), c, kind)
+        out.append(c)
+    return torch.cat(out, dim=1).float()
 
 
 def sm90_fp8_dot(xq: Tensor, wq: Tensor, acc: Tensor | None = None) -> Tensor:
-    """What a Hopper FP8 wgmma chain computes: (N, B, K) x (N, K, M) e4m3fn code values (any float
-    dtype holding them exactly) plus an optional fp32 accumulator (N, B, M) -> fp32 (N, B, M)."""
-    n, b, k = xq.shape
-    m = wq.shape[2]
-    x, w = xq.double(), wq.double()
-    x_exp = torch.clamp(_exponent(x), min=_E4M3_MIN_EXP)
-    w_exp = torch.clamp(_exponent(w), min=_E4M3_MIN_EXP)
-    start = torch.zeros(n, b, m, dtype=torch.float64) if acc is None else acc.float().double()
-    rows = max(1, _TILE // max(1, n * SM90_FP8_K_STEP * m))  # tokens a tile of products holds
-    out = []
-    for b0 in range(0, b, rows):
-        xs, xe, c = x[:, b0 : b0 + rows], x_exp[:, b0 : b0 + rows], start[:, b0 : b0 + rows]
-        for k0 in range(0, k, SM90_FP8_K_STEP):
-            k1 = min(k0 + SM90_FP8_K_STEP, k)
-            prods = xs[:, :, k0:k1, None] * w[:, None, k0:k1, :]  # exact: 8 significant bits
-            exp = xe[:, :, k0:k1, None] + w_exp[:, None, k0:k1, :]
-            c = _step(prods, torch.where(prods == 0, torch.full_like(exp, _NO_EXP), exp), c)
-        out.append(c)
-    return torch.cat(out, dim=1).float()
+    """``sm90_dot`` of e4m3fn code values (FP8 wgmma)."""
+    return sm90_dot(xq, wq, acc, SM90_FP8)
+
+
+def sm90_bf16_dot(x: Tensor, w: Tensor, acc: Tensor | None = None) -> Tensor:
+    """``sm90_dot`` of bf16 values (bf16 wgmma, what cuBLAS's bf16 GEMMs run on Hopper)."""
+    return sm90_dot(x.to(torch.bfloat16), w.to(torch.bfloat16), acc, SM90_BF16)
 
 
 def fma_fp32(a: Tensor, b: Tensor, c: Tensor) -> Tensor:

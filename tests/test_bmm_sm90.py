@@ -1,5 +1,6 @@
-"""fp8_per_block_sm90 against whole BMMs an H200 computed (tests/fixtures/h200_fp8_dots.safetensors: a Triton
-kernel with DeepGEMM's loop, from bench/fp8_hardware.py --dump), and what it means for check_kernel."""
+"""The _sm90 schemes against whole BMMs an H200 computed: fp8_per_block_sm90 against a Triton kernel with
+DeepGEMM's loop (tests/fixtures/h200_fp8_dots.safetensors, bench/fp8_hardware.py --dump), bf16_sm90 against
+cuBLAS's bf16 torch.bmm (h200_bf16_dots.safetensors, bench/bf16_hardware.py --dump); and check_kernel."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from safetensors.torch import load_file
 from mlaq.bmm import check_kernel, get_scheme
 
 DOTS = Path(__file__).parent / "fixtures" / "h200_fp8_dots.safetensors"
+BF16_DOTS = Path(__file__).parent / "fixtures" / "h200_bf16_dots.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,24 @@ def test_matches_the_h200_bit_for_bit(dots, k):
     assert torch.equal(got, dots[f"per_block_k{k}_triton"])
     exact = get_scheme("fp8_per_block")
     assert not torch.equal(exact.apply(x, exact.prepare(w)), got)  # exact sums are another arithmetic
+
+
+@pytest.mark.parametrize("k", [128, 512])
+def test_bf16_sm90_matches_cublas_bit_for_bit(k):
+    dots = load_file(BF16_DOTS)
+    x, w, want = dots[f"bmm_k{k}_x"], dots[f"bmm_k{k}_w"].float(), dots[f"bmm_k{k}_cublas"].float()
+    sm90 = get_scheme("bf16_sm90")
+    assert torch.equal(sm90.apply(x, sm90.prepare(w)), want)
+    bf16 = get_scheme("bf16")
+    exact = bf16.apply(x, bf16.prepare(w))
+    differ = int((exact != want).sum())
+    assert 0 < differ < 0.002 * want.numel()  # exact sums: a handful of bf16 outputs one step apart
+
+
+def test_bf16_sm90_refuses_another_schemes_weight():
+    w = torch.randn(2, 32, 16)
+    with pytest.raises(ValueError, match="bf16_sm90 needs a weight prepared by bf16_sm90"):
+        get_scheme("bf16_sm90").apply(torch.randn(2, 3, 32), get_scheme("bf16").prepare(w))
 
 
 def test_the_fma_promotion_is_what_the_hardware_does(dots):
@@ -47,7 +67,7 @@ def test_same_weight_codes_as_fp8_per_block():
 
 
 def test_e4m3fn_only():
-    from mlaq.bmm.fp8_sm90 import Fp8PerBlockSm90
+    from mlaq.bmm.sm90 import Fp8PerBlockSm90
     from mlaq.formats import Fp8Dtype
 
     with pytest.raises(ValueError, match="e4m3fn only"):

@@ -1,4 +1,10 @@
-"""fp8_per_block as an NVIDIA Hopper GPU computes it: DeepGEMM's loop on the sm90 FP8 tensor cores.
+"""Schemes as an NVIDIA Hopper GPU computes them, on its sm90 tensor cores (``mlaq.bmm.tensor_core``).
+
+``bf16_sm90``: the bf16 reference as cuBLAS's bf16 batched GEMM runs it: one chain of 16-deep bf16
+``wgmma`` steps over all of K from zero (fp32 accumulator, terms and sums truncated), bf16 output rounded
+to nearest. ``bf16`` (exact sums, rounded once) differs from it in ~0.01 % of outputs on an H200.
+
+``fp8_per_block_sm90``: fp8_per_block as DeepGEMM computes it on Hopper.
 
 Same weights and activation codes as ``fp8_per_block`` (128x128 weight blocks, 1x128 activation groups);
 what differs is the sum. Per 128-deep K-block the tensor cores chain four 32-deep ``wgmma`` steps into a
@@ -17,11 +23,27 @@ import itertools
 import torch
 from torch import Tensor
 
-from mlaq.bmm.base import PreparedWeight, check_operands
+from mlaq.bmm.base import Bf16Reference, DenseWeight, PreparedWeight, check_operands, own_weight
 from mlaq.bmm.fp8 import Fp8PerBlock
 from mlaq.bmm.fp8_quant import FP8_GROUP, deepseek_token_group_quant
-from mlaq.bmm.tensor_core import fma_fp32, sm90_fp8_dot
+from mlaq.bmm.tensor_core import fma_fp32, sm90_bf16_dot, sm90_fp8_dot
 from mlaq.formats import Fp8Dtype
+
+
+class Bf16Sm90(Bf16Reference):
+    """The bf16 reference with Hopper's bf16 tensor-core sums (cuBLAS's batched GEMM)."""
+
+    name = "bf16_sm90"
+    description = (
+        "bf16 weights and activations as cuBLAS runs them on Hopper (sm90): 16-deep bf16 tensor-core steps "
+        "into an fp32 accumulator, terms aligned to 2^-25 of the largest and truncated, sums truncated to "
+        "fp32, output rounded to bf16"
+    )
+
+    def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
+        check_operands(x, prepared)
+        w = own_weight(self, prepared, DenseWeight)
+        return sm90_bf16_dot(x, w.weight).to(torch.bfloat16).float()
 
 
 class Fp8PerBlockSm90(Fp8PerBlock):
