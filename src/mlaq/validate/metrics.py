@@ -86,9 +86,9 @@ def relative_error_terms(out: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def relative_error(out: Tensor, ref: Tensor) -> float:
-    """sqrt(sum |out - ref|^2 / sum |ref|^2) over the whole tensor."""
-    diff, norm = relative_error_terms(out.reshape(-1, 1), ref.reshape(-1, 1))
-    return math.sqrt(float(diff.sum() / norm.sum()))
+    """sqrt(sum |out - ref|^2 / sum |ref|^2) over the whole tensor (each sum one full reduction)."""
+    out64, ref64 = out.contiguous().double(), ref.contiguous().double()
+    return math.sqrt(float(((out64 - ref64) ** 2).sum() / (ref64**2).sum()))
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,18 @@ class PositionDivergence:
     nll_delta: Tensor  # (T-1,) float64: candidate minus reference
 
 
+_KL_ROWS = 64  # rows of a (T, V) window whose float64 KL terms are formed at once (2 MB at V = 4,096)
+
+
 def divergence(ref_logprobs: Tensor, logits: Tensor, targets: Tensor) -> PositionDivergence:
     """ref_logprobs (T, V) log-softmax of the reference, logits (T, V) of the candidate, targets (T-1,)
     the next tokens. Identical logits give exactly zero KL and NLL change (the differences are 0)."""
     lp = torch.log_softmax(logits.float(), dim=-1)  # (T, V)
     p_ref = ref_logprobs.exp()
-    kl = (p_ref.double() * (ref_logprobs - lp).double()).sum(-1)  # (T,)
+    delta = ref_logprobs - lp
+    kl = torch.empty(lp.shape[0], dtype=torch.float64)  # (T,): the fp32 x fp32 products are exact in float64;
+    for i in range(0, lp.shape[0], _KL_ROWS):  # rows a few at a time: float64 copies that stay in cache
+        kl[i : i + _KL_ROWS] = (p_ref[i : i + _KL_ROWS].double() * delta[i : i + _KL_ROWS].double()).sum(-1)
     top1 = (lp.argmax(-1) == ref_logprobs.argmax(-1)).double()
     idx = targets.long()[:, None]  # (T-1, 1)
     nll_ref = -ref_logprobs[:-1].gather(1, idx)[:, 0].double()
