@@ -1,8 +1,8 @@
 """Defaults of ``mlaq validate``, in a module without heavy imports (the CLI parser reads them).
 
-The default run on the bundled mlaq-tiny-4k (`make demo`: both cores) measured 78-89 s wall on an idle
-AMD EPYC Zen 4 (2 vCPUs) and 123.9 s on an AVX2-only Zen 3 VM (bench/validate_stages.py, bench/RESULTS.md,
-README "The main job").
+The default run on the bundled mlaq-tiny-4k (`make demo`: both cores) measured 72-101 s wall on an idle
+AMD EPYC Zen 4 (2 vCPUs; 72.0-84.3 s in the sixth session) and 123.9 s on an AVX2-only Zen 3 VM
+(bench/validate_stages.py, bench/RESULTS.md, README "The main job").
 """
 
 from __future__ import annotations
