@@ -62,8 +62,10 @@ THEORY: dict[str, Theory] = {
 
 
 def theory_for(scheme: str) -> Theory | None:
-    """Theory of a scheme name (``_fnuz`` variants share their e4m3fn figures); None if unknown."""
-    return THEORY.get(scheme.removesuffix("_fnuz"))
+    """Theory of a scheme name; None if unknown. ``_fnuz`` variants share their e4m3fn figures, ``_sm90``
+    ones their exact-sum scheme's: Hopper's truncating sums moved an H200's outputs by ~2 % (FP8) and
+    1-3 % (bf16) of the quantization error's norm (bench/RESULTS.md), ~0.02 % in quadrature."""
+    return THEORY.get(scheme.removesuffix("_fnuz").removesuffix("_sm90"))
 
 
 def excess_kurtosis(x: Tensor, dtype: torch.dtype = torch.float64) -> float:
