@@ -99,6 +99,15 @@ def test_single_product_and_zeros_are_exact():
     assert sm90_fp8_dot(a, b).item() == 448.0 * -0.001953125
 
 
+def test_all_zero_products_keep_the_accumulator_on_its_grid():
+    """No product to align to: the accumulator alone sets the grid (a tiny one must not overflow the scale)."""
+    acc = torch.tensor([[[1e-40, -3.0000002, 0.0]]])
+    out = sm90_fp8_dot(torch.zeros(1, 1, 64), torch.zeros(1, 64, 3), acc)
+    assert torch.isfinite(out).all() and out[0, 0, 2] == 0
+    assert out[0, 0, 1] == -3.0  # -3.0000002 truncated to 13 fraction bits
+    assert 0 < out[0, 0, 0] <= 1e-40
+
+
 def _fma_exact(a: float, b: float, c: float) -> float:
     """a * b + c in rationals, rounded to fp32 by nearest-even (through numpy's float32 neighbours)."""
     exact = Fraction(a) * Fraction(b) + Fraction(c)

@@ -41,41 +41,48 @@ SM90_FP8 = TensorCoreSum("sm90 e4m3 x e4m3 -> f32", k_step=32, align_bits=13, re
 # bf16 subnormal inputs at -126 by analogy with e4m3's: the H200 data held none (unverified)
 SM90_BF16 = TensorCoreSum("sm90 bf16 x bf16 -> f32", k_step=16, align_bits=25, result_bits=23, min_exp=-126)
 _NO_EXP = -(2**20)  # exponent given to zeros: never the largest
-_TILE = 1 << 22  # products materialised at once (32 MB of float64)
+_TILE = 1 << 22  # products materialised at once
 
 
-def _exponent(x: Tensor) -> Tensor:
-    """floor(log2 |x|) as float64, _NO_EXP for zeros."""
+def _exponent(x: Tensor, min_exp: float = -float("inf")) -> Tensor:
+    """floor(log2 |x|), at least ``min_exp``, in x's dtype; _NO_EXP for zeros (so that a product with a
+    zero factor is never the largest term)."""
     _, e = torch.frexp(x)
-    return torch.where(x == 0, torch.full_like(x, _NO_EXP), (e - 1).double())
+    return torch.where(x == 0, torch.full_like(x, _NO_EXP), (e - 1).to(x.dtype).clamp(min=min_exp))
 
 
 def _truncate(x: Tensor, exp: Tensor) -> Tensor:
-    """x truncated toward zero to a multiple of 2^exp (x, exp float64; exact)."""
+    """x truncated toward zero to a multiple of 2^exp (exact)."""
     step = torch.pow(2.0, exp)
     return torch.trunc(x / step) * step
 
 
-def _step(prods: Tensor, prod_exp: Tensor, acc: Tensor, kind: TensorCoreSum) -> Tensor:
-    """One k-step: prods / prod_exp (N, B, k, M), acc (N, B, M) float64 on the result grid."""
-    acc_exp = _exponent(acc)
-    top = torch.maximum(prod_exp.amax(dim=2), acc_exp).clamp(min=-400)  # (N, B, M); all-zero: any grid
-    shift = (top - kind.align_bits).unsqueeze(2)
-    total = _truncate(prods, shift).sum(dim=2) + _truncate(acc, shift[:, :, 0])  # exact in float64
+def _step(x: Tensor, x_exp: Tensor, w: Tensor, w_exp: Tensor, acc: Tensor, kind: TensorCoreSum) -> Tensor:
+    """One k-step: x / x_exp (N, B, k), w / w_exp (N, k, M), acc (N, B, M) float64 on the result grid.
+
+    The terms are formed in units of 2^(top - align_bits): there they are integers below
+    2^(align_bits + 2), so float32 holds them (and their k_step sum) exactly for FP8 (13 bits); bf16 (25)
+    works in float64. Truncating the scaled product is truncating the product to the grid."""
+    prods = x.unsqueeze(3) * w.unsqueeze(1)  # (N, B, k, M), exact
+    top = (x_exp.unsqueeze(3) + w_exp.unsqueeze(1)).amax(dim=2)  # (N, B, M): largest product exponent
+    top = torch.maximum(top.double(), _exponent(acc)).clamp(min=-400)  # all-zero: any grid will do
+    unit = top - kind.align_bits
+    # a scale beyond the work dtype's range only happens where every product is zero (top came from acc)
+    scale = torch.pow(2.0, (-unit).clamp(max=100 if prods.dtype == torch.float32 else 1000))
+    prods.mul_(scale.to(prods.dtype).unsqueeze(2)).trunc_()  # exact: powers of two
+    units = prods.sum(dim=2, dtype=prods.dtype).double() + torch.trunc(acc * torch.pow(2.0, -unit))
+    total = units * torch.pow(2.0, unit)
     return torch.where(total == 0, total, _truncate(total, _exponent(total) - kind.result_bits))
 
 
 def sm90_dot(x: Tensor, w: Tensor, acc: Tensor | None = None, kind: TensorCoreSum = SM90_FP8) -> Tensor:
     """What a Hopper wgmma chain of ``kind`` computes: (N, B, K) x (N, K, M) values of the input format
-    (any float dtype holding them exactly) plus an optional fp32 accumulator (N, B, M) -> fp32 (N, B, M).
-
-    float64 holds every step exactly: products of two 8-bit (bf16) significands need 16 bits, and a
-    k-step's aligned terms sum below 2^(align_bits + 3 + log2 k_step) units."""
+    (any float dtype holding them exactly) plus an optional fp32 accumulator (N, B, M) -> fp32 (N, B, M)."""
     n, b, k = x.shape
     m = w.shape[2]
-    xd, wd = x.double(), w.double()
-    x_exp = torch.clamp(_exponent(xd), min=kind.min_exp)
-    w_exp = torch.clamp(_exponent(wd), min=kind.min_exp)
+    work = torch.float32 if kind.align_bits + 2 + kind.k_step.bit_length() <= 24 else torch.float64
+    xd, wd = x.to(work), w.to(work)
+    x_exp, w_exp = _exponent(xd, kind.min_exp), _exponent(wd, kind.min_exp)
     start = torch.zeros(n, b, m, dtype=torch.float64) if acc is None else acc.float().double()
     rows = max(1, _TILE // max(1, n * kind.k_step * m))  # tokens a tile of products holds
     out = []
@@ -83,9 +90,7 @@ def sm90_dot(x: Tensor, w: Tensor, acc: Tensor | None = None, kind: TensorCoreSu
         xs, xe, c = xd[:, b0 : b0 + rows], x_exp[:, b0 : b0 + rows], start[:, b0 : b0 + rows]
         for k0 in range(0, k, kind.k_step):
             k1 = min(k0 + kind.k_step, k)
-            prods = xs[:, :, k0:k1, None] * wd[:, None, k0:k1, :]  # exact
-            exp = xe[:, :, k0:k1, None] + w_exp[:, None, k0:k1, :]
-            c = _step(prods, torch.where(prods == 0, torch.full_like(exp, _NO_EXP), exp), c, kind)
+            c = _step(xs[:, :, k0:k1], xe[:, :, k0:k1], wd[:, k0:k1], w_exp[:, k0:k1], c, kind)
         out.append(c)
     return torch.cat(out, dim=1).float()
 
