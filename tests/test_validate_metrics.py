@@ -106,7 +106,10 @@ def test_theory_figures() -> None:
     assert THEORY["mxfp4_w4a16"].product == pytest.approx(0.1119, abs=2e-4)
     assert THEORY["fp8_per_tensor"].product == pytest.approx(0.037, abs=1e-3)
     assert theory_for("fp8_per_block_fnuz") is THEORY["fp8_per_block"]
-    assert theory_for("fp8_per_block_sm90") is THEORY["fp8_per_block"] and theory_for("bf16_sm90") is THEORY["bf16"]
+    assert (
+        theory_for("fp8_per_block_sm90") is THEORY["fp8_per_block"]
+        and theory_for("bf16_sm90") is THEORY["bf16"]
+    )
     assert theory_for("nvfp4") is None
     assert THEORY["mxfp4"].aligned(4.0) == pytest.approx(math.sqrt(2 * 0.1119**2 / 4 + 0.0017**2))
 
