@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 
 import torch
+from gpu_report import finish, header, run_sections
 
 from mlaq.bmm import get_scheme
 
@@ -120,17 +120,9 @@ def main() -> int:
         return 0
     if args.dump:
         dump(args.dump)
-    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    for label, (k, m) in SHAPES.items():
-        try:
-            report[label] = part_bmm(k, m)
-        except Exception as exc:  # keep the other shape's numbers
-            report[label] = {"error": f"{type(exc).__name__}: {exc}"}
-        print(label, json.dumps(report[label]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0
+    report = header()
+    run_sections(report, [(label, lambda k=k, m=m: part_bmm(k, m)) for label, (k, m) in SHAPES.items()])
+    return finish(report, args.out)
 
 
 if __name__ == "__main__":

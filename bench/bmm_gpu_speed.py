@@ -22,6 +22,7 @@ import json
 import sys
 
 import torch
+from gpu_report import finish, header
 
 N, P, L, R, V = 128, 128, 512, 64, 128
 BATCHES = (1, 8, 64, 256)
@@ -100,11 +101,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU: nothing to measure here")
         return 0
-    report = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "shape": dict(N=N, P=P, L=L, R=R, V=V),
-    }
+    report = header(shape=dict(N=N, P=P, L=L, R=R, V=V))
     for b in BATCHES:
         report[f"batch{b}"] = r = measure(b)
         print(f"batch {b}", json.dumps(r), flush=True)
@@ -115,10 +112,7 @@ def main() -> int:
                 print(
                     f"  ctx {s}: bf16 BMMs {bmm * 1e3:.1f} us = {share:.1%} of BMMs + attention", flush=True
                 )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0
+    return finish(report, args.out)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import sys
 
 import torch
+from gpu_report import finish, header
 
 from mlaq.bmm import check_kernel
 
@@ -38,7 +39,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs CUDA (and Triton for the FP8 kernel): nothing to check here")
         return 0
-    summary: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    summary = header()
     for fn, schemes in (
         (cublas_bf16, ("bf16_sm90", "bf16")),
         (triton_fp8_per_block, ("fp8_per_block_sm90", "fp8_per_block")),
@@ -55,10 +56,7 @@ def main() -> int:
                 "outputs": sum(c.total for c in report.checks),
             }
     print(json.dumps(summary, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=1)
-    return 0
+    return finish(summary, args.out)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 
 import torch
+from gpu_report import finish, header, run_sections
 
 from mlaq.bmm import get_scheme
 from mlaq.bmm.fp8_quant import FP8_GROUP, aiter_token_group_quant, deepseek_token_group_quant
@@ -187,29 +187,18 @@ def main() -> int:
     if args.dump and torch.cuda.is_available() and triton is not None:
         dump(args.dump)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    report: dict = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
-        "torch": torch.__version__,
-        "triton": getattr(triton, "__version__", None),
-    }
-    for section, fn in (
+    report = header(triton=getattr(triton, "__version__", None))
+    run_sections(
+        report,
         [("cast", lambda: part_cast(device))]
         + [(f"dot {label}", lambda k=k, m=m: part_dot(device, k, m)) for label, (k, m) in SHAPES.items()]
         + [
             (f"{name} {label}", lambda name=name, k=k, m=m: part_bmm(device, name, k, m))
             for name in ("fp8_per_tensor", "fp8_per_block")
             for label, (k, m) in SHAPES.items()
-        ]
-    ):
-        try:
-            report[section] = fn()
-        except Exception as exc:  # one failing part must not lose the others' numbers
-            report[section] = {"error": f"{type(exc).__name__}: {exc}"}
-        print(section, json.dumps(report[section]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0
+        ],
+    )
+    return finish(report, args.out)
 
 
 if __name__ == "__main__":

@@ -248,8 +248,12 @@ class Fp8PerBlock(_Fp8Scheme):
             s = bisect.bisect_right(w.k_bounds, k0) - 1  # weight segment holding k0
             g = k0 // FP8_GROUP
             scale = xs[:, :, g : g + 1] * w.scale[:, s : s + 1, :]  # (N, B, 1) * (N, 1, M)
-            acc = acc + _code_dot(xq[:, :, k0:k1], w.values[:, k0:k1, :]) * scale
+            acc = self._accumulate(acc, xq[:, :, k0:k1], w.values[:, k0:k1, :], scale)
         return acc.to(torch.bfloat16).float()
+
+    def _accumulate(self, acc: Tensor, xq: Tensor, wq: Tensor, scale: Tensor) -> Tensor:
+        """One K-segment into the fp32 sum: the exact code dot times the scales (two fp32 roundings)."""
+        return acc + _code_dot(xq, wq) * scale
 
     def activation_values(self, x: Tensor) -> Tensor:
         xq, xs = deepseek_token_group_quant(x, self.dtype)

@@ -17,15 +17,11 @@ outputs, by about 2 % of the quantization error's norm (bench/fp8_hardware.py, b
 
 from __future__ import annotations
 
-import bisect
-import itertools
-
 import torch
 from torch import Tensor
 
 from mlaq.bmm.base import Bf16Reference, DenseWeight, PreparedWeight, check_operands, own_weight
 from mlaq.bmm.fp8 import Fp8PerBlock
-from mlaq.bmm.fp8_quant import FP8_GROUP, deepseek_token_group_quant
 from mlaq.bmm.tensor_core import fma_fp32, sm90_bf16_dot, sm90_fp8_dot
 from mlaq.formats import Fp8Dtype
 
@@ -63,17 +59,6 @@ class Fp8PerBlockSm90(Fp8PerBlock):
             raise ValueError("fp8_per_block_sm90 is NVIDIA Hopper arithmetic: e4m3fn only")
         super().__init__(dtype)
 
-    def apply(self, x: Tensor, prepared: PreparedWeight) -> Tensor:
-        check_operands(x, prepared)
-        w = self._weight(prepared)
-        xq, xs = deepseek_token_group_quant(x, self.dtype)  # (N, B, K) codes, (N, B, G) scales
-        k = x.shape[2]
-        cuts = sorted(set(w.k_bounds) | set(range(0, k, FP8_GROUP)))  # segments never cross a group
-        acc = torch.zeros(x.shape[0], x.shape[1], w.shape[2])
-        for k0, k1 in itertools.pairwise(cuts):
-            s = bisect.bisect_right(w.k_bounds, k0) - 1  # weight segment holding k0
-            g = k0 // FP8_GROUP
-            scale = xs[:, :, g : g + 1] * w.scale[:, s : s + 1, :]  # (N, B, 1) * (N, 1, M), fp32
-            partial = sm90_fp8_dot(xq[:, :, k0:k1], w.values[:, k0:k1, :])
-            acc = fma_fp32(scale, partial, acc)
-        return acc.to(torch.bfloat16).float()
+    def _accumulate(self, acc: Tensor, xq: Tensor, wq: Tensor, scale: Tensor) -> Tensor:
+        """One K-segment: the tensor cores' partial sum, promoted with DeepGEMM's one FMA."""
+        return fma_fp32(scale, sm90_fp8_dot(xq, wq), acc)
