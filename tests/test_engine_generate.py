@@ -260,3 +260,24 @@ def test_stream_folds_to_generate():
         by_id.setdefault(d.request_id, []).extend(d.outputs[0].token_ids)
     full, _ = run(PROMPTS[:2], params, spec_k=2)
     assert [by_id[o.request_id] for o in full] == [list(o.outputs[0].token_ids) for o in full]
+
+
+def test_dtype_takes_vllms_names() -> None:
+    """``LLM(dtype="bfloat16")`` as in vLLM; a name it does not know is a clear error, not a torch TypeError."""
+    import torch
+
+    from mlaq.engine.config import resolve_dtype
+
+    assert resolve_dtype("bfloat16") is torch.bfloat16 and resolve_dtype("half") is torch.float16
+    assert (
+        resolve_dtype("FLOAT") is torch.float32
+        and resolve_dtype("auto") is None
+        and resolve_dtype(None) is None
+    )
+    assert resolve_dtype(torch.float32) is torch.float32
+    with pytest.raises(
+        ValueError, match=r"dtype 'bf16' is not one of auto, half, float16, bfloat16, float, float32"
+    ):
+        resolve_dtype("bf16")
+    with pytest.raises(ValueError, match="dtype 'int8'"):
+        LLM("does-not-matter", dtype="int8")  # refused before anything is loaded

@@ -8,6 +8,29 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import torch
+
+# vLLM's --dtype names (vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE); "auto": the checkpoint's
+DTYPE_NAMES: Mapping[str, torch.dtype | None] = {
+    "auto": None,
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``LLM(dtype=...)``: a torch dtype, None, or one of vLLM's names; None means the checkpoint's."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype.lower()]
+    raise ValueError(
+        f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)} (vLLM's names) or a torch.dtype"
+    )
+
 
 class SpeculativeMethod(Enum):
     """Draft methods mlaq implements (vLLM's ``method`` values)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from mlaq.engine.config import resolve_dtype
 from mlaq.engine.engine import EngineConfig, LLMEngine
 from mlaq.engine.model_api import LatentLM
 from mlaq.engine.outputs import RequestOutput, fold
@@ -37,7 +38,7 @@ class LLM:
         model: str | Path | LatentLM,
         *,
         tokenizer: Tokenizer | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: str | torch.dtype | None = None,
         quantization_config: str | None = None,
         max_model_len: int | None = None,
         max_num_seqs: int = 16,
@@ -50,6 +51,7 @@ class LLM:
         compile: bool = False,
     ) -> None:
         limit = None
+        dtype = resolve_dtype(dtype)  # a torch dtype or vLLM's names ("bfloat16", "auto", ...)
         if isinstance(model, (str, Path)):
             from mlaq.engine.adapter import load_latent_lm  # the model layer, only when loading
 
