@@ -45,6 +45,17 @@ def test_table_and_progress(mlaq_cli, checkpoint) -> None:
     assert "validate" in res.stderr  # progress goes to stderr
 
 
+def test_hopper_schemes_run_end_to_end(mlaq_cli, checkpoint) -> None:
+    """The _sm90 schemes (Hopper's tensor-core sums) through the whole run, with their base scheme's theory."""
+    res = mlaq_cli("validate", str(checkpoint), "--schemes", "fp8_per_block_sm90,bf16_sm90", *SMALL, "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert set(report["schemes"]) == {"fp8_per_block_sm90", "bf16_sm90"}
+    fp8 = report["schemes"]["fp8_per_block_sm90"]
+    assert all(isinstance(fp8[key], float) for key in PER_SCHEME)
+    assert fp8["theory_bmm_rel_err"] > 0.03  # fp8_per_block's Gaussian figure, not missing
+
+
 def test_unknown_scheme_lists_the_known_ones(mlaq_cli, checkpoint) -> None:
     res = mlaq_cli("validate", str(checkpoint), "--schemes", "mxfp5")
     assert res.returncode == 2
