@@ -34,7 +34,8 @@ def _factories() -> dict[str, Callable[[], BmmScheme]]:
 
 
 def scheme_names() -> tuple[str, ...]:
-    """Every registered name: references, fp8 (e4m3fn), the Hopper variant, MX, then the e4m3fnuz variants."""
+    """Every registered name: references (with bf16's Hopper variant), fp8 (e4m3fn, with fp8_per_block's
+    Hopper variant), MX, then the e4m3fnuz variants."""
     return tuple(_factories())
 
 

@@ -67,11 +67,12 @@ def _step(x: Tensor, x_exp: Tensor, w: Tensor, w_exp: Tensor, acc: Tensor, kind:
     top = (x_exp.unsqueeze(3) + w_exp.unsqueeze(1)).amax(dim=2)  # (N, B, M): largest product exponent
     top = torch.maximum(top.double(), _exponent(acc)).clamp(min=-400)  # all-zero: any grid will do
     unit = top - kind.align_bits
+    inv = torch.pow(2.0, -unit)  # float64: exact powers of two
     # a scale beyond the work dtype's range only happens where every product is zero (top came from acc)
-    scale = torch.pow(2.0, (-unit).clamp(max=100 if prods.dtype == torch.float32 else 1000))
+    scale = inv.clamp(max=2.0**100 if prods.dtype == torch.float32 else 2.0**1000)
     prods.mul_(scale.to(prods.dtype).unsqueeze(2)).trunc_()  # exact: powers of two
-    units = prods.sum(dim=2, dtype=prods.dtype).double() + torch.trunc(acc * torch.pow(2.0, -unit))
-    total = units * torch.pow(2.0, unit)
+    units = prods.sum(dim=2, dtype=prods.dtype).double() + torch.trunc(acc * inv)
+    total = units / inv
     return torch.where(total == 0, total, _truncate(total, _exponent(total) - kind.result_bits))
 
 

@@ -67,19 +67,16 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    import torch
-
     from mlaq.bundled import model_or_default
     from mlaq.engine.llm import LLM
     from mlaq.engine.sampling_params import SamplingParams
     from mlaq.libc import keep_freed_memory
 
     keep_freed_memory()  # batched decode makes and frees tens-of-MB tensors every step (mlaq.libc)
-    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     warn_drafts_unusable("generate", _spec_k(args.speculative_config), "--max-tokens", args.max_tokens)
     llm = LLM(
         model_or_default(args.model),
-        dtype=dtype,
+        dtype=args.dtype,  # vLLM's names; LLM resolves them
         quantization_config=args.quantization_config,
         compile=args.compile,
         max_model_len=args.max_model_len,

@@ -9,7 +9,7 @@
   and ``fp8_dtype()`` follows it (vllm/platforms/rocm.py); the FP8 BMM weight and activations use
   ``current_platform.fp8_dtype()`` (vllm/model_executor/layers/attention/mla_attention.py).
 - MX formats exist on gfx95x only: ``RocmPlatform.supports_mx`` is ``"gfx95" in arch``.
-- ``_sm90`` schemes are NVIDIA Hopper's FP8 tensor-core sums (mlaq.bmm.tensor_core): cuda only.
+- ``_sm90`` schemes are NVIDIA Hopper's tensor-core sums (mlaq.bmm.tensor_core): cuda only.
 A ``platform`` of None is mlaq's emulation: every scheme exists, bit-exact on any CPU.
 """
 

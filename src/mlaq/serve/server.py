@@ -38,17 +38,14 @@ class EngineArgs:
 
 def build_state(engine_args: EngineArgs, **serve: Any):
     """Load the model and wrap it: returns the ``ServerState`` ``build_app`` takes."""
-    import torch
-
     from mlaq.engine.llm import LLM
     from mlaq.serve.async_engine import AsyncEngine
     from mlaq.serve.metrics import ServerMetrics
     from mlaq.serve.state import ServerState
 
-    dtype = None if engine_args.dtype == "auto" else getattr(torch, engine_args.dtype)
     llm = LLM(
         engine_args.model,
-        dtype=dtype,
+        dtype=engine_args.dtype,  # vLLM's names; LLM resolves them
         quantization_config=engine_args.quantization_config,
         max_model_len=engine_args.max_model_len,
         max_num_seqs=engine_args.max_num_seqs,
