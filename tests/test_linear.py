@@ -63,3 +63,13 @@ def test_bundled_model_logits_agree_across_paths(monkeypatch):
             out[native] = model.prefill(ids, ModelCache()).logits.float()
     rel = (out[True] - out[False]).norm() / out[True].norm()
     assert 0 < rel < 0.02, rel
+
+
+def test_linear_traces_without_a_graph_break():
+    """Under torch.compile the machine probe is a constant: no graph break at a multi-row bf16 linear
+    (dynamo may not trace torch.backends; a break at every linear made compiled batched decode
+    slower than eager)."""
+    torch._dynamo.reset()
+    x, w = torch.randn(4, 8).bfloat16(), torch.randn(16, 8).bfloat16()
+    traced = torch.compile(lin.linear, backend="eager", fullgraph=True)  # fullgraph: a break raises
+    assert torch.equal(traced(x, w), lin.linear(x, w))

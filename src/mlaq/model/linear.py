@@ -23,12 +23,20 @@ MIN_ROWS = 2  # one row: the bf16 GEMV beats upcasting the weight (0.7-0.9x); 2 
 
 
 @functools.cache
-def native_low_precision_gemm() -> bool:
-    """Whether torch's CPU matmul runs bf16 through oneDNN (fast) rather than its generic fallback."""
+def _probe_native_bf16() -> bool:
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # an older or unusual build: assume the fast path
         return True
+
+
+@torch.compiler.assume_constant_result  # a fact of the machine: torch.compile folds it, no graph break
+def native_low_precision_gemm() -> bool:
+    """Whether torch's CPU matmul runs bf16 through oneDNN (fast) rather than its generic fallback.
+
+    Under ``torch.compile`` it is a constant of the graph (dynamo may not trace torch.backends, and
+    a graph break at every multi-row linear made compiled batched decode slower than eager)."""
+    return _probe_native_bf16()
 
 
 def upcast_gemm(x: Tensor, weight: Tensor) -> bool:
