@@ -1,4 +1,5 @@
-"""``LLM(..., compile=True)``: torch.compile'd decode / verification / MTP steps give eager's greedy tokens.
+"""``LLM(..., compile=True)``: decode / verification / MTP steps with their per-token pieces compiled give
+eager's greedy tokens.
 
 One tiny checkpoint (1 dense + 1 MoE layer + MTP, hidden 64), few shapes: each new (batch, T) shape
 costs an inductor compile (seconds on 2 cores; ~40 s for this file with a cold inductor cache).
@@ -14,7 +15,7 @@ from mlaq.engine.compiled import CompiledLatentLM
 from mlaq.engine.llm import LLM
 from mlaq.engine.sampling_params import SamplingParams
 from mlaq.model import load_model
-from mlaq.model.static_step import StaticStep
+from mlaq.model.step_pieces import StepPieces
 from model_helpers import deepseek_v3_with_mtp, hf_checkpoint
 
 PROMPTS = [[5, 17, 33, 2, 9, 41, 7], [11, 3, 60, 28], [70, 12, 8, 51, 19, 4, 30, 22, 6]]
@@ -37,8 +38,10 @@ def test_compiled_greedy_equals_eager(checkpoint):
     compiled_llm = LLM(checkpoint, max_model_len=64, compile=True)
     # rows of different lengths: per-row positions, masked padding in the gathered cache
     assert tokens(compiled_llm, PROMPTS) == eager
-    # the growing cache length is dynamic: one static first compile, one dynamic recompile, not one per step
-    assert counters["stats"]["unique_graphs"] <= 2
+    # one graph per piece (head, between layers 0 and 1, tail): the pieces never see the growing cache
+    assert counters["stats"]["unique_graphs"] == 3
+    # the attention between the pieces reads the runner's resident buffer, as eager decode does
+    assert compiled_llm.engine.runner.resident is not None
     # freezing / cpp_wrapper apply only while mlaq's compiled steps run: nothing leaks into torch's config
     inductor = torch._inductor.config
     assert not (inductor.freezing or inductor.cpp_wrapper or inductor.emulate_precision_casts)
@@ -70,16 +73,16 @@ def test_compiled_speculative_greedy_equals_plain_greedy(checkpoint):
 def test_static_moe_matches_eager_moe(checkpoint, tmp_path, top_k):
     """The routing-independent MoE (gathered and all-expert forms) against MoE.forward; top_k 3 takes
     the sorted-experts branch (with 2 the sum needs no order)."""
-    from mlaq.model.static_step import _moe
+    from mlaq.model.step_pieces import _moe
 
     if top_k != 2:
         hf_checkpoint("deepseek_v3", tmp_path, num_hidden_layers=2, num_experts_per_tok=top_k)
         checkpoint = tmp_path
     model = load_model(checkpoint)
     assert model.config.hf["num_experts_per_tok"] == top_k
-    static = StaticStep(model)
+    pieces = StepPieces(model)
     layer = 1  # first_k_dense_replace = 1: layer 1 is the MoE
-    moe, experts = model.model.layers[layer].mlp, static.experts[layer]
+    moe, experts = model.model.layers[layer].mlp, pieces.experts[layer]
     assert experts is not None
     g = torch.Generator().manual_seed(0)
     for n in (1, 2, 9):  # n*k < E gathers (n = 1, 2), else every expert runs (n = 9)
@@ -99,21 +102,26 @@ def test_compile_refuses_other_models():
         LLM(NotDeepseek(), compile=True, max_model_len=16)  # type: ignore[arg-type]
 
 
-def test_quantizing_schemes_stay_eager_and_exact(checkpoint):
-    """fp8 emulation (activation quantization) runs outside the graph; fp32 reference is traced."""
-    qc = '{"targets": {"re:.*layers\\\\.1\\\\.self_attn\\\\.kv_b_proj": "fp8_per_tensor"}}'
-    model = load_model(checkpoint, quantization_config=qc)
-    static = StaticStep(model)
-    names = [type(w.scheme_uk).__name__ for w in static.weights]
-    assert names[1] == "_EagerScheme" and names[0] != "_EagerScheme", names
-    w, original = static.weights[1], model.model.layers[1].self_attn.absorbed
-    x = torch.randn(w.w_uk.shape[0], 3, w.w_uk.shape[1], generator=torch.Generator().manual_seed(1))
-    assert torch.equal(w.scheme_uk.apply(x, w.w_uk), original.scheme_uk.apply(x, original.w_uk))
-
-
-def test_compiled_with_an_eager_scheme_equals_eager(checkpoint):
-    """An fp8 BMM scheme breaks the graph around its apply (aot_eager: graph capture only)."""
+def test_compiled_with_a_quantizing_scheme_equals_eager(checkpoint):
+    """An fp8 BMM scheme (activation quantization) runs in the eager attention between the pieces,
+    its emulation untouched (aot_eager: graph capture only)."""
     qc = '{"targets": {"re:.*kv_b_proj.*": "fp8_per_tensor"}}'
     eager = tokens(LLM(checkpoint, max_model_len=64, quantization_config=qc), PROMPTS)
     model = CompiledLatentLM(load_model(checkpoint, quantization_config=qc), backend="aot_eager")
     assert tokens(LLM(model, max_model_len=64), PROMPTS) == eager
+
+
+def test_compiled_batches_that_change_and_rows_that_differ(checkpoint):
+    """A batch that shrinks as rows finish (a new batch size: dynamo makes the batch dynamic once)
+    and rows at different positions, written into the resident buffer row by row."""
+    ragged = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    params = [ragged, GREEDY, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)]
+    model = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")
+    counters.clear()
+    got = [list(o.outputs[0].token_ids) for o in LLM(model, max_model_len=64).generate(prompts, params)]
+    want = [list(o.outputs[0].token_ids) for o in LLM(checkpoint, max_model_len=64).generate(prompts, params)]
+    assert got == want and [len(t) for t in got] == [12, 8, 3]
+    # batch 3, then 2, then 1: a static graph per piece, a dynamic one for any batch size, and one for
+    # batch 1 (dynamo specializes sizes of 1), not one per batch size
+    assert counters["stats"]["unique_graphs"] <= 3 * 3

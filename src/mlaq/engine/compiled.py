@@ -1,19 +1,26 @@
-"""``compile=True``: decode, verification and MTP steps through ``torch.compile`` (inductor, CPU C++).
+"""``compile=True``: the per-token work of decode, verification and MTP steps through ``torch.compile``.
 
-Eager decode is bound by per-op dispatch (~330 tensor ops per token at a few microseconds each on
-these model sizes); inductor fuses them into a few C++ kernels. Prompts (prefill) stay eager: they
-run once per request and their lengths vary. The compiled step is
-:class:`mlaq.model.static_step.StaticStep`, free of data-dependent Python control flow; the cache
-length S is marked dynamic, so a growing cache does not recompile (batch size and T, the tokens per
-row, are specialized: a handful of shapes per run). Inductor freezes the parameters (weights become
-constants of the graph, linear weights prepacked for MKL) and emits a C++ launcher; both settings
-apply only while these steps run (torch's global config is left as it was). Frozen graphs belong to
-one model: dynamo guards the parameters by identity, so another ``LLM`` in the same process compiles
-its own (tested), and the process's compile cache keeps the weights of earlier ones alive.
+Eager decode is bound by per-op dispatch (hundreds of small tensor ops a step at a few microseconds
+each on these model sizes). A step is cut at each layer's attention over the cache
+(:class:`mlaq.model.step_pieces.StepPieces`): the pieces in between (norms, projections, RoPE,
+o_proj, MLP / MoE, lm_head) run compiled, inductor fusing them into a few C++ kernels around the
+GEMMs; the attention itself runs eagerly between them, as in the eager model: each layer writes its
+new latents into the runner's resident buffer (``mlaq.engine.resident``) and attends over it in
+place, and the absorbed BMMs keep their scheme's exact emulation, whatever the scheme. vLLM's
+piecewise graphs cut its steps at attention the same way. Prompts (prefill) stay eager: they run
+once per request and their lengths vary.
 
-Compilation happens on first use of each shape (seconds to a minute on a few cores); tokens chosen
-greedily are those of the eager path on the tested checkpoints, but logits may differ in the last
-bits (fused reductions round differently).
+The pieces never see the cache length, so a growing cache never recompiles; batch size and T (the
+tokens per row) are specialized at first and made dynamic by dynamo when they change (a handful of
+graphs per piece and run). Inductor freezes the parameters (weights become constants of the graph,
+linear weights prepacked) and emits a C++ launcher; both settings apply only while these pieces run
+(torch's global config is left as it was). Frozen graphs belong to one model: dynamo guards the
+parameters by identity, so another ``LLM`` in the same process compiles its own (tested), and the
+process's compile cache keeps the weights of earlier ones alive.
+
+Compilation happens on first use of each piece and shape (seconds each on a few cores); tokens
+chosen greedily are those of the eager path on the tested checkpoints, but logits may differ in the
+last bits (fused reductions round differently).
 """
 
 from __future__ import annotations
@@ -24,26 +31,30 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mlaq.engine.adapter import DeepseekLatentLM
+from mlaq.engine.adapter import DeepseekLatentLM, GatheredCache
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
-from mlaq.model.static_step import StaticStep
+from mlaq.model.mla_core import absorbed_attention
+from mlaq.model.step import StepPositions
+from mlaq.model.step_pieces import Projected, StepPieces
 
-# Recompiles one run may need: batch sizes x T values (1, k+1, MTP catch-up lengths) x logits_index.
+# Graphs one piece may need in a run: batch sizes x T values (1, k+1), static then dynamic.
 CACHE_SIZE_LIMIT = 64
 
 
 class CompiledLatentLM(DeepseekLatentLM):
-    """``DeepseekLatentLM`` whose absorbed-path calls run compiled (prefill stays eager)."""
-
-    accepts_room = False  # the compiled step takes the gathered (layers, B, S, L+R) as it is
+    """``DeepseekLatentLM`` whose absorbed-path calls run their per-token pieces compiled."""
 
     def __init__(self, model: DeepseekForCausalLM, *, backend: str = "inductor") -> None:
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build)."""
         super().__init__(model)
-        self.static = StaticStep(model)
-        self._decode = _compiled(self.static.decode, backend)
-        self._mtp = _compiled(self.static.mtp, backend)
+        pieces = StepPieces(model)
+        n = model.config.num_hidden_layers
+        self._head = _compiled(pieces.head, backend)
+        self._between = [_compiled(_at(pieces.between, i), backend) for i in range(n - 1)]
+        self._tail = _compiled(_at(pieces.tail, n - 1), backend)
+        self._mtp_head = _compiled(pieces.mtp_head, backend) if model.num_mtp_layers else None
+        self._mtp_tail = _compiled(pieces.mtp_tail, backend) if model.num_mtp_layers else None
 
     @torch.no_grad()
     def forward(
@@ -54,15 +65,21 @@ class CompiledLatentLM(DeepseekLatentLM):
         *,
         prefill: bool,
         logits_index: Tensor | None = None,
+        room: Tensor | None = None,
     ) -> LMOutput:
         if prefill or len(past) == 0 or past[0].shape[1] == 0:
-            return super().forward(input_ids, positions, past, prefill=prefill, logits_index=logits_index)
-        cos, sin = self._rotation(positions, past[0].shape[1])
-        # (layers, B, S, L+R) as one tensor (the engine gathers it so); S, the cache length, is dynamic
-        stacked = past if isinstance(past, Tensor) else torch.stack(tuple(past))
-        torch._dynamo.mark_dynamic(stacked, 2)
-        logits, hidden, entries = self._decode(input_ids, positions, stacked, cos, sin, logits_index)
-        return LMOutput(logits, hidden, entries)  # entries: (layers, B, T, L+R)
+            return super().forward(
+                input_ids, positions, past, prefill=prefill, logits_index=logits_index, room=room
+            )
+        cache = GatheredCache(past, self._latent_width, first_layer=0, room=room)
+        step = self.model.step_positions(input_ids, cache, 0, positions)
+        x, q_nope, q_pe, latent = self._head(input_ids, step.positions, step.cos, step.sin)
+        for i, piece in enumerate(self._between):
+            o = self._attend(i, cache, step, (x, q_nope, q_pe, latent))
+            x, q_nope, q_pe, latent = piece(x, o, step.positions, step.cos, step.sin)
+        o = self._attend(len(self._between), cache, step, (x, q_nope, q_pe, latent))
+        logits, hidden = self._tail(x, o, logits_index)
+        return LMOutput(logits, hidden, tuple(cache.entries))
 
     @torch.no_grad()
     def mtp(
@@ -75,24 +92,33 @@ class CompiledLatentLM(DeepseekLatentLM):
         step: int,
         logits_index: Tensor | None = None,
     ) -> LMOutput:
-        if past.shape[1] == 0:  # nothing cached yet: the eager path (once per request)
+        m = self.model
+        # the compiled pieces are MTP layer 0's; nothing cached yet: the eager path (once per request)
+        if self._mtp_head is None or self._mtp_tail is None or step % m.num_mtp_layers or past.shape[1] == 0:
             return super().mtp(input_ids, hidden, positions, past, step=step, logits_index=logits_index)
-        cos, sin = self._rotation(positions, past.shape[1])
-        torch._dynamo.mark_dynamic(past, 1)
-        logits, y, entry = self._mtp(input_ids, hidden, positions, past, cos, sin, logits_index)
-        return LMOutput(logits, y, (entry,))
+        index = m.config.num_hidden_layers
+        cache = GatheredCache([past], self._latent_width, first_layer=index)
+        where = m.step_positions(input_ids, cache, index, positions)
+        projected = self._mtp_head(input_ids, hidden, where.positions, where.cos, where.sin)
+        logits, y = self._mtp_tail(projected[0], self._attend(index, cache, where, projected), logits_index)
+        return LMOutput(logits, y, tuple(cache.entries))
 
-    def _rotation(self, positions: Tensor, num_past: int) -> tuple[Tensor, Tensor]:
-        """RoPE cos / sin (B, T, R) of ``positions``; checks they continue a past of ``num_past``."""
-        t = positions.shape[1]
-        # one token a row is consecutive by itself (decode: skip two tensor ops a step)
-        consecutive = t == 1 or torch.equal(positions, positions[:, :1] + torch.arange(t))  # (B, T)
-        if not consecutive or int(positions[:, 0].max()) != num_past:
-            raise ValueError(
-                f"positions must be consecutive per row and the longest row must start at the "
-                f"gathered cache length {num_past}"
-            )
-        return self.model.rope_table.rotation(positions, num_past + t - 1)
+    def _attend(self, i: int, cache: GatheredCache, step: StepPositions, projected: Projected) -> Tensor:
+        """Layer i's attention over the cache, eagerly (as ``DecoderLayer``): write the new latents,
+        then the absorbed path over every key -> (B, T, N, V) in the compute dtype."""
+        _, q_nope, q_pe, latent = projected
+        attn = self.model.model.layers[i].self_attn
+        keys, _ = cache.update(i, step, latent, None)  # (B, K, L+R)
+        return absorbed_attention(q_nope, q_pe, keys, step.mask, attn._checked_absorbed(), attn.softmax_scale)
+
+
+def _at(piece: Callable[..., Any], i: int) -> Callable[..., Any]:
+    """``piece`` with its layer index bound: each layer's piece is its own function (own frozen graph)."""
+
+    def bound(*args: Any) -> Any:
+        return piece(i, *args)
+
+    return bound
 
 
 class _Settings:

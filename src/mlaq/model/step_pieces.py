@@ -1,0 +1,162 @@
+"""A decode / verification / MTP step cut at each layer's attention over the cache, for ``torch.compile``.
+
+What a step does per token (norms, the projections, RoPE, o_proj, the residuals, the MLP or MoE,
+the final norm and lm_head) is hundreds of small tensor ops; inductor fuses them into a few C++
+kernels around the GEMMs. What a step does over the cache (writing the new latents, the absorbed
+BMMs, the scores and the value matmul over every cached key) stays eager, between the pieces, as
+vLLM's piecewise graphs leave attention to its own kernel: the cache grows every step and is the
+engine's resident buffer, written in place; the BMM schemes are exact emulations that must keep
+their arithmetic bit for bit.
+
+The pieces are functions of tensors only, free of data-dependent Python control flow: routed experts
+run on weights stacked once per MoE layer, so shapes never depend on the routing. For a model of
+layers 0..n-1 a step runs ``head``, then per layer i the attention and ``between(i)`` (layer i's
+rest and layer i+1's projections), the last layer's rest being ``tail``. Numerics: the eager model's
+operations, but fused kernels may round differently in the last bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mlaq.model.decoder import DecoderLayer
+from mlaq.model.deepseek import DeepseekForCausalLM
+from mlaq.model.linear import linear
+from mlaq.model.moe import MoE
+from mlaq.model.mtp import MTPLayer, select_rows
+
+# A layer's input to its attention: (x (B, T, H) the residual stream entering the layer,
+# q_nope (B, T, N, P), q_pe (B, T, N, R) rotated, latent (B, T, L+R) the new cache entries)
+Projected = tuple[Tensor, Tensor, Tensor, Tensor]
+
+
+class _Experts(torch.nn.Module):
+    """Routed experts' weights stacked: gate / up (E, I, H), down (E, H, I). Buffers of a module, so
+    torch.compile treats them as the model's weights (frozen constants, guarded by identity) rather
+    than as graph inputs whose shape and strides are checked on every call."""
+
+    def __init__(self, gate: Tensor, up: Tensor, down: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("gate", gate)
+        self.register_buffer("up", up)
+        self.register_buffer("down", down)
+
+
+class StepPieces:
+    """The trace-friendly pieces of ``model``'s absorbed-path steps (main layers, and MTP layer 0)."""
+
+    def __init__(self, model: DeepseekForCausalLM) -> None:
+        for layer in model.model.layers:
+            if layer.indexer_kind is not None:
+                raise ValueError(
+                    "compile=True supports models without a DSA indexer (DeepSeek-V2/V3, Kimi-K2, "
+                    "GLM-4.7-Flash); run this model with compile=False"
+                )
+        self.model = model
+        self.experts = [self._stacked(layer) for layer in model.model.layers]
+
+    @staticmethod
+    def _stacked(layer: DecoderLayer) -> _Experts | None:
+        if not isinstance(layer.mlp, MoE):
+            return None
+        live = layer.mlp._live_stack()  # the loader's stacked storage: views of it, no second copy
+        if live is not None:
+            gate, up, down = live  # (E*I, H), (E*I, H), (E, H, I)
+            e, _, inter = down.shape
+            return _Experts(gate.view(e, inter, -1), up.view(e, inter, -1), down)
+        experts = layer.mlp._expert_list
+        return _Experts(
+            torch.stack([e.gate_proj.weight for e in experts]),
+            torch.stack([e.up_proj.weight for e in experts]),
+            torch.stack([e.down_proj.weight for e in experts]),
+        )
+
+    # ---- main layers --------------------------------------------------------------------------
+    def head(self, input_ids: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
+        """Token ids and positions (B, T), RoPE cos / sin (B, T, R) -> layer 0's input and projections."""
+        return self._project(0, self.model.model.embed_tokens(input_ids), positions, cos, sin)
+
+    def between(self, i: int, x: Tensor, o: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
+        """Layer i's input x and attention output o (B, T, N, V) -> layer i+1's input and projections."""
+        return self._project(i + 1, self._finish(i, x, o), positions, cos, sin)
+
+    def tail(self, i: int, x: Tensor, o: Tensor, logits_index: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The last main layer's rest, the final norm and lm_head -> (logits fp32, hidden (B, T, H))."""
+        m = self.model
+        hidden = m.model.norm(self._finish(i, x, o))
+        return m.lm_head(select_rows(hidden, logits_index)).float(), hidden
+
+    # ---- MTP layer 0 (as MTPLayer.predict) ----------------------------------------------------
+    def mtp_head(
+        self, input_ids: Tensor, hidden: Tensor, positions: Tensor, cos: Tensor, sin: Tensor
+    ) -> Projected:
+        layer = self._mtp_layer()
+        embed = layer.embed_tokens if layer.embed_tokens is not None else self.model.model.embed_tokens
+        e = layer.enorm(embed(input_ids))  # (B, T, H)
+        h = layer.hnorm(hidden.to(e.dtype))  # (B, T, H)
+        x = layer.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
+        return self._project(layer.layer, x, positions, cos, sin)
+
+    def mtp_tail(self, x: Tensor, o: Tensor, logits_index: Tensor | None) -> tuple[Tensor, Tensor]:
+        """-> (logits fp32, the MTP layer's output hidden (B, T, H))."""
+        layer = self._mtp_layer()
+        head = layer.shared_head.head if layer.shared_head.head is not None else self.model.lm_head
+        y = self._finish(layer.layer, x, o)
+        return head(layer.shared_head.norm(select_rows(y, logits_index))).float(), y
+
+    def _mtp_layer(self) -> MTPLayer:
+        layer = self.model.model.layers[self.model.config.num_hidden_layers]
+        assert isinstance(layer, MTPLayer)
+        return layer
+
+    # ---- one layer's halves -------------------------------------------------------------------
+    def _project(self, i: int, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
+        layer = self.model.model.layers[i]
+        proj = layer.self_attn.project(layer.input_layernorm(x), positions, (cos, sin))
+        return x, proj.q_nope, proj.q_pe, proj.latent
+
+    def _finish(self, i: int, x: Tensor, o: Tensor) -> Tensor:
+        """Layer i after its attention: o_proj, residual, post-attention norm, MLP / MoE, residual."""
+        layer = self.model.model.layers[i]
+        b, t = x.shape[:2]
+        x = x + layer.self_attn.o_proj(o.reshape(b, t, -1))  # (B, T, N*V) -> (B, T, H)
+        h = layer.post_attention_layernorm(x)
+        stacked = self.experts[i]
+        return x + (layer.mlp(h) if stacked is None else _moe(layer.mlp, stacked, h))
+
+
+def _moe(moe: MoE, w: _Experts, x: Tensor) -> Tensor:
+    """``MoE.forward`` with shapes independent of the routing: each token's k experts are summed in
+    ascending expert order (the eager order). Few tokens gather their experts' weights; many run
+    every expert (zero weight where not chosen: adding 0 changes no sum)."""
+    shape = x.shape
+    flat = x.reshape(-1, shape[-1])  # (T, H)
+    weights, indices = moe.gate(flat)  # (T, k) each
+    n_tok, k = indices.shape
+    num_experts = w.gate.shape[0]
+    if n_tok * k < num_experts:
+        if k <= 2:  # a sum of two terms is the same in either order (IEEE addition commutes)
+            idx, wk = indices, weights
+        else:  # a sort is an extern call of ~15 us a layer: only when the order matters
+            idx, order = indices.sort(dim=-1)  # (T, k) ascending experts
+            wk = weights.gather(1, order)  # (T, k)
+        xs = flat[:, None, :, None]  # (T, 1, H, 1)
+        a = F.silu((w.gate[idx] @ xs).squeeze(-1)) * (w.up[idx] @ xs).squeeze(-1)  # (T, k, I)
+        y = (w.down[idx] @ a[..., None]).squeeze(-1)  # (T, k, H)
+        y = (y * wk[..., None]).to(flat.dtype)
+        out = y[:, 0]
+        for j in range(1, k):
+            out = out + y[:, j]
+    else:
+        e, inter, hid = w.gate.shape
+        g = linear(flat, w.gate.reshape(e * inter, hid)).view(n_tok, e, inter)  # (T, E, I)
+        u = linear(flat, w.up.reshape(e * inter, hid)).view(n_tok, e, inter)
+        a = (F.silu(g) * u).transpose(0, 1)  # (E, T, I)
+        y = torch.bmm(a, w.down.transpose(1, 2))  # (E, T, H)
+        dense = torch.zeros(n_tok, e, dtype=weights.dtype, device=x.device).scatter(1, indices, weights)
+        out = (y * dense.t()[:, :, None]).to(flat.dtype).sum(0)  # (T, H)
+    if moe.shared_experts is not None:
+        out = out + moe.shared_experts(flat)
+    return out.view(shape)
