@@ -64,7 +64,7 @@ class ModelRunner:
         b, t = entries.shape[1:3] if isinstance(entries, Tensor) else entries[0].shape[:2]
         no_padding = all(n == t for n in lengths)
         if isinstance(entries, Tensor) and no_padding and list(layers) == list(range(n_layers)):
-            # a compiled step's stacked (layers, B, T, E): one write, no per-layer ops
+            # entries stacked by the model as (layers, B, T, E): one write, no per-layer ops
             self.cache.write_layers(slots, entries.view(n_layers, b * t, -1))
             return
         if no_padding:  # (B, T, E) -> (B*T, E), row-major

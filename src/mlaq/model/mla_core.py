@@ -119,7 +119,7 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> T
 def masked_softmax_(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
     """:func:`masked_softmax` computed in place in ``scores`` (float32 (B, N, T, K), owned by the caller)
     and returned: the same values bit for bit, without its four full-size temporaries. Under autograd
-    (``scores`` requires grad) and inside torch.compile (the compiled decode step: an out= alias of the
+    (``scores`` requires grad) and inside torch.compile (a model compiled whole: an out= alias of the
     input and a data-dependent branch break inductor's graph) it is masked_softmax itself."""
     if scores.requires_grad or torch.compiler.is_compiling():
         return masked_softmax(scores, mask, dtype)

@@ -1,0 +1,60 @@
+"""Decode tokens/s of ``mlaq.LLM`` eager against ``compile=True``, alternated in one process (this VM's
+speed drifts: only side-by-side figures mean anything; bench/RESULTS.md "Change 7").
+
+    python bench/compiled_ab.py BATCH [--prompt-len 512] [--new-tokens 48] [--rounds 3] [--threads 2]
+        [--model DIR]
+
+Both engines load the same checkpoint (bundled mlaq-tiny-4k by default) in bf16; greedy, ignore_eos,
+random prompt ids; decode = (generate N+1 tokens - generate 1) / N. The compiled engine's warm-up
+(its compiles for this batch shape) is printed and excluded. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from mlaq.engine.llm import LLM  # noqa: E402
+from mlaq.libc import keep_freed_memory  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from decode_budget import decode_rate  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("batch", type=int)
+    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    keep_freed_memory()
+    rng = random.Random(1)
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(3, 4000) for _ in range(a.prompt_len)]} for _ in range(a.batch)
+    ]
+    kw = {"dtype": torch.bfloat16, "max_num_seqs": max(a.batch, 16)}
+    engines = {"eager": LLM(a.model, **kw), "compiled": LLM(a.model, compile=True, **kw)}
+    for name, llm in engines.items():
+        t0 = time.perf_counter()
+        decode_rate(llm, prompts, 4)
+        print(f"{name} warm-up {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"batch {a.batch} x {a.prompt_len}-token prompts, decode tokens/s: " + " / ".join(engines))
+    for _ in range(a.rounds):
+        rates = [decode_rate(llm, prompts, a.new_tokens) for llm in engines.values()]
+        print(" / ".join(f"{r:.0f}" for r in rates), flush=True)
+
+
+if __name__ == "__main__":
+    main()
