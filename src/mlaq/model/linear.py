@@ -12,8 +12,6 @@ saves. Where the CPU has a native bf16 GEMM (oneDNN: AVX-512 or AMX) nothing cha
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,7 +20,6 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 MIN_ROWS = 2  # one row: the bf16 GEMV beats upcasting the weight (0.7-0.9x); 2 rows 1.0-1.2x, 4 rows 1.6-2x
 
 
-@functools.cache
 def _probe_native_bf16() -> bool:
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -30,13 +27,16 @@ def _probe_native_bf16() -> bool:
         return True
 
 
-@torch.compiler.assume_constant_result  # a fact of the machine: torch.compile folds it, no graph break
-def native_low_precision_gemm() -> bool:
-    """Whether torch's CPU matmul runs bf16 through oneDNN (fast) rather than its generic fallback.
+# A fact of the machine, read once at import (microseconds). A constant rather than a cached call:
+# under torch.compile dynamo folds a module constant, while it traces through a cache into
+# torch.backends, which it may not trace; that graph break at every multi-row linear made compiled
+# batched decode slower than eager.
+_NATIVE_BF16 = _probe_native_bf16()
 
-    Under ``torch.compile`` it is a constant of the graph (dynamo may not trace torch.backends, and
-    a graph break at every multi-row linear made compiled batched decode slower than eager)."""
-    return _probe_native_bf16()
+
+def native_low_precision_gemm() -> bool:
+    """Whether torch's CPU matmul runs bf16 through oneDNN (fast) rather than its generic fallback."""
+    return _NATIVE_BF16
 
 
 def upcast_gemm(x: Tensor, weight: Tensor) -> bool:
