@@ -125,3 +125,15 @@ def test_compiled_batches_that_change_and_rows_that_differ(checkpoint):
     # batch 3, then 2, then 1: a static graph per piece, a dynamic one for any batch size, and one for
     # batch 1 (dynamo specializes sizes of 1), not one per batch size
     assert counters["stats"]["unique_graphs"] <= 3 * 3
+
+
+def test_compiled_bf16_holds_the_resident_latents_in_bf16(checkpoint):
+    """The flash kernel reads the latents in the compute dtype: the runner's buffer holds bf16 (half
+    the eager engine's float32 buffer), and decoding over it runs."""
+    model = CompiledLatentLM(load_model(checkpoint, dtype=torch.bfloat16), backend="aot_eager")
+    llm = LLM(model, max_model_len=64)
+    out = tokens(llm, PROMPTS)
+    assert [len(t) for t in out] == [8, 8, 8]
+    assert llm.engine.runner.resident is not None and llm.engine.runner.resident.dtype == torch.bfloat16
+    eager = LLM(checkpoint, max_model_len=64, dtype=torch.bfloat16)
+    assert eager.engine.runner.resident is not None and eager.engine.runner.resident.dtype == torch.float32

@@ -4,11 +4,12 @@ Eager decode is bound by per-op dispatch (hundreds of small tensor ops a step at
 each on these model sizes). A step is cut at each layer's attention over the cache
 (:class:`mlaq.model.step_pieces.StepPieces`): the pieces in between (norms, projections, RoPE,
 o_proj, MLP / MoE, lm_head) run compiled, inductor fusing them into a few C++ kernels around the
-GEMMs; the attention itself runs eagerly between them, as in the eager model: each layer writes its
-new latents into the runner's resident buffer (``mlaq.engine.resident``) and attends over it in
-place, and the absorbed BMMs keep their scheme's exact emulation, whatever the scheme. vLLM's
-piecewise graphs cut its steps at attention the same way. Prompts (prefill) stay eager: they run
-once per request and their lengths vary.
+GEMMs; the attention itself runs eagerly between them: each layer writes its new latents into the
+runner's resident buffer (``mlaq.engine.resident``, held in the compute dtype here) and attends over
+it in place with torch's fused CPU attention kernel (``mlaq.model.mla_flash``: the cache read once,
+an online softmax, as FlashMLA computes), while the absorbed BMMs keep their scheme's exact emulation,
+whatever the scheme. vLLM's piecewise graphs cut its steps at attention the same way. Prompts
+(prefill) stay eager: they run once per request and their lengths vary.
 
 The pieces never see the cache length, so a growing cache never recompiles; batch size and T (the
 tokens per row) are specialized at first and made dynamic by dynamo when they change (a handful of
@@ -18,9 +19,10 @@ linear weights prepacked) and emits a C++ launcher; both settings apply only whi
 parameters by identity, so another ``LLM`` in the same process compiles its own (tested), and the
 process's compile cache keeps the weights of earlier ones alive.
 
-Compilation happens on first use of each piece and shape (seconds each on a few cores); tokens
-chosen greedily are those of the eager path on the tested checkpoints, but logits may differ in the
-last bits (fused reductions round differently).
+Compilation happens on first use of each piece and shape (seconds each on a few cores). Tokens
+chosen greedily are those of the eager path on the tested checkpoints, but logits differ in the last
+bits: the fused pieces round some intermediates differently, and the flash kernel rounds attention
+probabilities before normalizing them (eager decode and ``mlaq validate`` keep the reference arithmetic).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from torch import Tensor
 from mlaq.engine.adapter import DeepseekLatentLM, GatheredCache
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
-from mlaq.model.mla_core import absorbed_attention
+from mlaq.model.mla_flash import absorbed_attention_flash
 from mlaq.model.step import StepPositions
 from mlaq.model.step_pieces import Projected, StepPieces
 
@@ -48,6 +50,7 @@ class CompiledLatentLM(DeepseekLatentLM):
     def __init__(self, model: DeepseekForCausalLM, *, backend: str = "inductor") -> None:
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build)."""
         super().__init__(model)
+        self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
         pieces = StepPieces(model)
         n = model.config.num_hidden_layers
         self._head = _compiled(pieces.head, backend)
@@ -104,12 +107,13 @@ class CompiledLatentLM(DeepseekLatentLM):
         return LMOutput(logits, y, tuple(cache.entries))
 
     def _attend(self, i: int, cache: GatheredCache, step: StepPositions, projected: Projected) -> Tensor:
-        """Layer i's attention over the cache, eagerly (as ``DecoderLayer``): write the new latents,
-        then the absorbed path over every key -> (B, T, N, V) in the compute dtype."""
+        """Layer i's attention over the cache, eagerly: write the new latents (as ``DecoderLayer``), then
+        the absorbed path over every key with torch's fused attention kernel -> (B, T, N, V)."""
         _, q_nope, q_pe, latent = projected
         attn = self.model.model.layers[i].self_attn
         keys, _ = cache.update(i, step, latent, None)  # (B, K, L+R)
-        return absorbed_attention(q_nope, q_pe, keys, step.mask, attn._checked_absorbed(), attn.softmax_scale)
+        w = attn._checked_absorbed()
+        return absorbed_attention_flash(q_nope, q_pe, keys, step.mask, w, attn.softmax_scale)
 
 
 def _at(piece: Callable[..., Any], i: int) -> Callable[..., Any]:

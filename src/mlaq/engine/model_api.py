@@ -54,7 +54,8 @@ class LatentLM(Protocol):
 
     Optional: a model whose ``accepts_room`` is True also takes ``room=`` in absorbed-path ``forward``
     calls, the runner's resident buffer (``mlaq.engine.resident``) that ``past`` views; it writes the
-    new entries there and reads the keys back from it (``mlaq.engine.adapter.GatheredCache``)."""
+    new entries there and reads the keys back from it (``mlaq.engine.adapter.GatheredCache``); its
+    optional ``room_dtype`` (default float32) is the dtype that buffer holds."""
 
     @property
     def geometry(self) -> CacheGeometry: ...

@@ -35,7 +35,9 @@ class ModelRunner:
         c = cache.config
         plain = c.kv_cache_dtype is KVCacheDtype.AUTO and not any(c.extra_dims[: geometry.num_layers])
         # stored values are what the model computed (no fp8 rounding, no indexer columns): resident
-        self.resident = ResidentLatents() if plain and getattr(model, "accepts_room", False) else None
+        room = plain and getattr(model, "accepts_room", False)
+        # float32 by default (the reference attention's matmuls read float32); a model may ask for another
+        self.resident = ResidentLatents(getattr(model, "room_dtype", torch.float32)) if room else None
 
     def _inputs(self, token_lists: Sequence[Sequence[int]], starts: Sequence[int]) -> tuple[Tensor, Tensor]:
         t = max(len(tokens) for tokens in token_lists)
