@@ -11,8 +11,6 @@ random prompt ids; decode = (generate N+1 tokens - generate 1) / N. The compiled
 
 from __future__ import annotations
 
-import argparse
-import random
 import sys
 import time
 from pathlib import Path
@@ -23,27 +21,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from mlaq.engine.llm import LLM  # noqa: E402
-from mlaq.libc import keep_freed_memory  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
-from decode_budget import decode_rate  # noqa: E402
+from decode_budget import ab_setup, decode_rate  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("batch", type=int)
-    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--new-tokens", type=int, default=48)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
-    a = p.parse_args()
-    torch.set_num_threads(a.threads)
-    keep_freed_memory()
-    rng = random.Random(1)
-    prompts = [
-        {"prompt_token_ids": [rng.randrange(3, 4000) for _ in range(a.prompt_len)]} for _ in range(a.batch)
-    ]
+    a, prompts = ab_setup(__doc__)
     kw = {"dtype": torch.bfloat16, "max_num_seqs": max(a.batch, 16)}
     engines = {"eager": LLM(a.model, **kw), "compiled": LLM(a.model, compile=True, **kw)}
     for name, llm in engines.items():

@@ -61,6 +61,27 @@ def ops_per_step(llm: LLM, prompts: list, new: int) -> float:
     return (counts[1] - counts[0]) / new
 
 
+def ab_setup(doc: str) -> tuple[argparse.Namespace, list]:
+    """The arguments of the one-process A/B scripts (``resident_ab``, ``compiled_ab``): BATCH, --model,
+    --prompt-len, --new-tokens, --rounds, --threads; sets the threads and keeps freed memory. Returns the
+    arguments and BATCH random prompts of --prompt-len token ids."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("batch", type=int)
+    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    keep_freed_memory()
+    rng = random.Random(1)
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(3, 4000) for _ in range(a.prompt_len)]} for _ in range(a.batch)
+    ]
+    return a, prompts
+
+
 def tiny_op_us(n: int = 20000) -> float:
     a, b = torch.ones(4), torch.ones(4)
     samples = []

@@ -9,8 +9,6 @@ them (the paged cache gathered every call), alternated in one process (bench/RES
 
 from __future__ import annotations
 
-import argparse
-import random
 import sys
 from pathlib import Path
 
@@ -21,28 +19,14 @@ sys.path.insert(0, str(REPO / "src"))
 
 from mlaq.engine.llm import LLM  # noqa: E402
 from mlaq.engine.resident import ResidentLatents  # noqa: E402
-from mlaq.libc import keep_freed_memory  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
-from decode_budget import decode_rate  # noqa: E402
+from decode_budget import ab_setup, decode_rate  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("batch", type=int)
-    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--new-tokens", type=int, default=48)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
-    a = p.parse_args()
-    torch.set_num_threads(a.threads)
-    keep_freed_memory()
+    a, prompts = ab_setup(__doc__)
     llm = LLM(a.model, dtype=torch.bfloat16, max_num_seqs=max(a.batch, 16))
-    rng = random.Random(1)
-    prompts = [
-        {"prompt_token_ids": [rng.randrange(3, 4000) for _ in range(a.prompt_len)]} for _ in range(a.batch)
-    ]
 
     modes = {
         "float32 buffer": lambda: ResidentLatents(torch.float32),
