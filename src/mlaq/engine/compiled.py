@@ -76,12 +76,10 @@ class CompiledLatentLM(DeepseekLatentLM):
             )
         cache = GatheredCache(past, self._latent_width, first_layer=0, room=room)
         step = self.model.step_positions(input_ids, cache, 0, positions)
-        x, q_nope, q_pe, latent = self._head(input_ids, step.positions, step.cos, step.sin)
+        p = self._head(input_ids, step.positions, step.cos, step.sin)
         for i, piece in enumerate(self._between):
-            o = self._attend(i, cache, step, (x, q_nope, q_pe, latent))
-            x, q_nope, q_pe, latent = piece(x, o, step.positions, step.cos, step.sin)
-        o = self._attend(len(self._between), cache, step, (x, q_nope, q_pe, latent))
-        logits, hidden = self._tail(x, o, logits_index)
+            p = piece(p[0], self._attend(i, cache, step, p), step.positions, step.cos, step.sin)
+        logits, hidden = self._tail(p[0], self._attend(len(self._between), cache, step, p), logits_index)
         return LMOutput(logits, hidden, tuple(cache.entries))
 
     @torch.no_grad()

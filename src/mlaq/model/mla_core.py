@@ -233,7 +233,12 @@ def absorbed_attention(
     else:
         probs = masked_softmax_(absorbed_scores(q_nope, q_pe, keys, w, scale), mask, dtype)  # (B, N, T, K)
         o_latent = latent_values(probs.view(b, n * t, -1), keys[:, :, :lora], dtype).view(b, n, t, lora)
-    o_latent = o_latent.transpose(0, 1).to(dtype)  # (N, B, T, L)
+    return absorbed_output(o_latent.transpose(0, 1).to(dtype), w, dtype)
+
+
+def absorbed_output(o_latent: Tensor, w: AbsorbedWeights, dtype: torch.dtype) -> Tensor:
+    """BMM #2 with ``w.scheme_uv``: o_latent (N, B, T, L) -> out = o_latent W_UV^T (B, T, N, V) in ``dtype``."""
+    n, b, t, lora = o_latent.shape
     out = w.scheme_uv.apply(o_latent.reshape(n, b * t, lora), w.w_uv)  # (N, B*T, V)
     return out.view(n, b, t, -1).permute(1, 2, 0, 3).to(dtype)  # (B, T, N, V)
 

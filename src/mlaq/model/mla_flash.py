@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from mlaq.model.mla_core import AbsorbedWeights, absorbed_queries
+from mlaq.model.mla_core import AbsorbedWeights, absorbed_output, absorbed_queries
 
 
 def absorbed_attention_flash(
@@ -40,5 +40,4 @@ def absorbed_attention_flash(
         m = mask[:, None, None].expand(b, 1, n, t, mask.shape[-1]).reshape(b, 1, n * t, -1)
     o = F.scaled_dot_product_attention(q, k, k, attn_mask=m, scale=scale)  # (B, 1, N*T, L+R)
     o_latent = o.view(b, n, t, -1)[..., :lora].transpose(0, 1)  # (N, B, T, L)
-    out = w.scheme_uv.apply(o_latent.reshape(n, b * t, lora), w.w_uv)  # (N, B*T, V)
-    return out.view(n, b, t, -1).permute(1, 2, 0, 3).to(dtype)  # (B, T, N, V)
+    return absorbed_output(o_latent, w, dtype)  # (B, T, N, V)

@@ -75,14 +75,21 @@ class MTPLayer(DecoderLayer):
         """input_ids (B, T) = the tokens after those whose hidden states (B, T, H) are given, at the
         hidden states' positions ``step`` -> (logits (B, T, vocab) fp32, output hidden (B, T, H)).
         With ``logits_index`` (B,), logits only at that position of each row: (B, 1, vocab)."""
+        x = self.combine(input_ids, hidden, main_embed)
+        y, _, _ = self(x, step.positions, cache, path, step=step)
+        return self.logits(y, main_head, logits_index), y
+
+    def combine(self, input_ids: Tensor, hidden: Tensor, main_embed: nn.Embedding) -> Tensor:
+        """The block's input: eh_proj of the normed embeddings of ``input_ids`` and normed ``hidden``."""
         embed = self.embed_tokens if self.embed_tokens is not None else main_embed
-        head = self.shared_head.head if self.shared_head.head is not None else main_head
         e = self.enorm(embed(input_ids))  # (B, T, H)
         h = self.hnorm(hidden.to(e.dtype))  # (B, T, H)
-        x = self.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
-        y, _, _ = self(x, step.positions, cache, path, step=step)
-        logits = head(self.shared_head.norm(select_rows(y, logits_index))).float()
-        return logits, y
+        return self.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
+
+    def logits(self, y: Tensor, main_head: nn.Linear, logits_index: Tensor | None = None) -> Tensor:
+        """The block's output (B, T, H) -> float32 logits through shared_head (B, T or 1, vocab)."""
+        head = self.shared_head.head if self.shared_head.head is not None else main_head
+        return head(self.shared_head.norm(select_rows(y, logits_index))).float()
 
 
 def select_rows(x: Tensor, index: Tensor | None) -> Tensor:

@@ -93,18 +93,14 @@ class StepPieces:
         self, input_ids: Tensor, hidden: Tensor, positions: Tensor, cos: Tensor, sin: Tensor
     ) -> Projected:
         layer = self._mtp_layer()
-        embed = layer.embed_tokens if layer.embed_tokens is not None else self.model.model.embed_tokens
-        e = layer.enorm(embed(input_ids))  # (B, T, H)
-        h = layer.hnorm(hidden.to(e.dtype))  # (B, T, H)
-        x = layer.eh_proj(torch.cat((e, h), dim=-1))  # (B, T, 2H) -> (B, T, H)
+        x = layer.combine(input_ids, hidden, self.model.model.embed_tokens)
         return self._project(layer.layer, x, positions, cos, sin)
 
     def mtp_tail(self, x: Tensor, o: Tensor, logits_index: Tensor | None) -> tuple[Tensor, Tensor]:
         """-> (logits fp32, the MTP layer's output hidden (B, T, H))."""
         layer = self._mtp_layer()
-        head = layer.shared_head.head if layer.shared_head.head is not None else self.model.lm_head
         y = self._finish(layer.layer, x, o)
-        return head(layer.shared_head.norm(select_rows(y, logits_index))).float(), y
+        return layer.logits(y, self.model.lm_head, logits_index), y
 
     def _mtp_layer(self) -> MTPLayer:
         layer = self.model.model.layers[self.model.config.num_hidden_layers]
