@@ -1,12 +1,15 @@
-"""Decode tokens/s of ``mlaq.LLM`` eager against ``compile=True``, alternated in one process (this VM's
-speed drifts: only side-by-side figures mean anything; bench/RESULTS.md "Change 7").
+"""Decode tokens/s of ``mlaq.LLM`` with ``compile=True`` against another engine, alternated in one
+process (this VM's speed drifts: only side-by-side figures mean anything; bench/RESULTS.md "Change 7",
+"Change 9").
 
-    python bench/compiled_ab.py BATCH [--prompt-len 512] [--new-tokens 48] [--rounds 3] [--threads 2]
-        [--model DIR]
+    python bench/compiled_ab.py BATCH [--against eager|unfolded] [--prompt-len 512] [--new-tokens 48]
+        [--rounds 3] [--threads 2] [--model DIR]
 
-Both engines load the same checkpoint (bundled mlaq-tiny-4k by default) in bf16; greedy, ignore_eos,
-random prompt ids; decode = (generate N+1 tokens - generate 1) / N. The compiled engine's warm-up
-(its compiles for this batch shape) is printed and excluded. Not a test.
+``--against eager`` (default): the eager engine. ``--against unfolded``: ``compile=True`` with the
+absorbed BMMs run eagerly beside the attention (``CompiledLatentLM(fold_bmms=False)``, as before
+"Change 9") instead of inside the compiled pieces. Both engines load the same checkpoint (bundled
+mlaq-tiny-4k by default) in bf16; greedy, ignore_eos, random prompt ids; decode = (generate N+1
+tokens - generate 1) / N. Warm-ups (compiles for this batch shape) are printed and excluded. Not a test.
 """
 
 from __future__ import annotations
@@ -20,16 +23,22 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from mlaq.engine.compiled import CompiledLatentLM  # noqa: E402
 from mlaq.engine.llm import LLM  # noqa: E402
+from mlaq.model import load_model  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from decode_budget import ab_setup, decode_rate  # noqa: E402
 
 
 def main() -> None:
-    a, prompts = ab_setup(__doc__)
-    kw = {"dtype": torch.bfloat16, "max_num_seqs": max(a.batch, 16)}
-    engines = {"eager": LLM(a.model, **kw), "compiled": LLM(a.model, compile=True, **kw)}
+    a, prompts = ab_setup(__doc__, against=["eager", "unfolded"])
+    kw = {"max_num_seqs": max(a.batch, 16)}
+    if a.against == "eager":
+        other = LLM(a.model, dtype=torch.bfloat16, **kw)
+    else:
+        other = LLM(CompiledLatentLM(load_model(a.model, dtype=torch.bfloat16), fold_bmms=False), **kw)
+    engines = {a.against: other, "compiled": LLM(a.model, compile=True, dtype=torch.bfloat16, **kw)}
     for name, llm in engines.items():
         t0 = time.perf_counter()
         decode_rate(llm, prompts, 4)

@@ -61,11 +61,14 @@ def ops_per_step(llm: LLM, prompts: list, new: int) -> float:
     return (counts[1] - counts[0]) / new
 
 
-def ab_setup(doc: str) -> tuple[argparse.Namespace, list]:
+def ab_setup(doc: str, **choices: list[str]) -> tuple[argparse.Namespace, list]:
     """The arguments of the one-process A/B scripts (``resident_ab``, ``compiled_ab``): BATCH, --model,
-    --prompt-len, --new-tokens, --rounds, --threads; sets the threads and keeps freed memory. Returns the
-    arguments and BATCH random prompts of --prompt-len token ids."""
+    --prompt-len, --new-tokens, --rounds, --threads, and an option --NAME for each of ``choices`` (its
+    first value the default); sets the threads and keeps freed memory. Returns the arguments and BATCH
+    random prompts of --prompt-len token ids."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, values in choices.items():
+        p.add_argument(f"--{name}", choices=values, default=values[0])
     p.add_argument("batch", type=int)
     p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
     p.add_argument("--prompt-len", type=int, default=512)

@@ -7,6 +7,8 @@ costs an inductor compile (seconds on 2 cores; ~40 s for this file with a cold i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -102,13 +104,27 @@ def test_compile_refuses_other_models():
         LLM(NotDeepseek(), compile=True, max_model_len=16)  # type: ignore[arg-type]
 
 
-def test_compiled_with_a_quantizing_scheme_equals_eager(checkpoint):
-    """An fp8 BMM scheme (activation quantization) runs in the eager attention between the pieces,
-    its emulation untouched (aot_eager: graph capture only)."""
-    qc = '{"targets": {"re:.*kv_b_proj.*": "fp8_per_tensor"}}'
+@pytest.mark.parametrize(("scheme", "folded"), [("fp8_per_tensor", True), ("mxfp8", False)])
+def test_compiled_with_a_quantizing_scheme_equals_eager(checkpoint, scheme, folded):
+    """A quantizing BMM scheme inside the compiled pieces where it compiles exactly (fp8_per_tensor),
+    eagerly beside the attention where it does not (mxfp8); eager's tokens either way (aot_eager:
+    graph capture only; tests/test_bmm_compiled.py checks inductor's bits)."""
+    qc = json.dumps({"targets": {"re:.*kv_b_proj.*": scheme}})
     eager = tokens(LLM(checkpoint, max_model_len=64, quantization_config=qc), PROMPTS)
     model = CompiledLatentLM(load_model(checkpoint, quantization_config=qc), backend="aot_eager")
+    assert [model._pieces.folds(i) for i in range(3)] == [folded] * 3  # 2 layers + MTP
     assert tokens(LLM(model, max_model_len=64), PROMPTS) == eager
+
+
+def test_compiled_refuses_a_model_prepared_again(checkpoint):
+    """The pieces are guarded on their inputs only: BMM weights prepared again (another scheme) after
+    they were built must be refused, not run with the old graphs."""
+    model = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")
+    llm = LLM(model, max_model_len=64)
+    tokens(llm, PROMPTS[:1])
+    model.model.model.layers[0].self_attn.prepare("mxfp4")
+    with pytest.raises(ValueError, match="prepared again after its compiled pieces were built"):
+        tokens(llm, PROMPTS[:1])
 
 
 def test_compiled_batches_that_change_and_rows_that_differ(checkpoint):

@@ -75,6 +75,9 @@ class BmmScheme(ABC):
     name: str
     out_dtype: ClassVar[torch.dtype]
     description: str  # the exact arithmetic, one sentence, for reports
+    # Whether torch.compile (inductor, CPU) reproduces ``apply`` bit for bit: then ``compile=True`` runs
+    # the scheme inside its compiled pieces (tests/test_bmm_compiled.py checks every scheme that says so).
+    compiles_exactly: ClassVar[bool] = False
 
     @abstractmethod
     def prepare(self, weight: Tensor) -> PreparedWeight:
@@ -125,6 +128,7 @@ class Fp32Reference(BmmScheme):
 
     name = "fp32"
     out_dtype = torch.float32
+    compiles_exactly = True
     description = "fp32 weights and activations, exact products summed and rounded once to fp32"
 
     def prepare(self, weight: Tensor) -> PreparedWeight:
@@ -144,6 +148,7 @@ class Bf16Reference(BmmScheme):
 
     name = "bf16"
     out_dtype = torch.bfloat16
+    compiles_exactly = True
     description = "bf16 weights and activations, fp32 accumulation, output rounded to bf16"
 
     def prepare(self, weight: Tensor) -> PreparedWeight:

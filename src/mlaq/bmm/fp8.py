@@ -80,6 +80,7 @@ class _Fp8Scheme(BmmScheme):
     """An FP8 scheme over e4m3fn (gfx950, NVIDIA) or e4m3fnuz (gfx942: name suffix ``_fnuz``)."""
 
     out_dtype = torch.bfloat16
+    compiles_exactly = True
     base_name: ClassVar[str]
     arithmetic: ClassVar[str]  # description with {dtype} and {max} placeholders
 

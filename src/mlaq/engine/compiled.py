@@ -3,21 +3,26 @@
 Eager decode is bound by per-op dispatch (hundreds of small tensor ops a step at a few microseconds
 each on these model sizes). A step is cut at each layer's attention over the cache
 (:class:`mlaq.model.step_pieces.StepPieces`): the pieces in between (norms, projections, RoPE,
-o_proj, MLP / MoE, lm_head) run compiled, inductor fusing them into a few C++ kernels around the
-GEMMs; the attention itself runs eagerly between them: each layer writes its new latents into the
-runner's resident buffer (``mlaq.engine.resident``, held in the compute dtype here) and attends over
-it in place with torch's fused CPU attention kernel (``mlaq.model.mla_flash``: the cache read once,
-an online softmax, as FlashMLA computes), while the absorbed BMMs keep their scheme's exact emulation,
-whatever the scheme. vLLM's piecewise graphs cut its steps at attention the same way. Prompts
+the absorbed BMMs, o_proj, MLP / MoE, lm_head) run compiled, inductor fusing them into a few C++
+kernels around the GEMMs; the attention itself runs eagerly between them: each layer writes its new
+latents into the runner's resident buffer (``mlaq.engine.resident``, held in the compute dtype here)
+and attends over it in place with torch's fused CPU attention kernel (``mlaq.model.mla_flash``: the
+cache read once, an online softmax, as FlashMLA computes). The absorbed BMMs keep their scheme's
+exact emulation, whatever the scheme: inside the pieces for the schemes inductor reproduces bit for
+bit (``BmmScheme.compiles_exactly``: bf16, fp32, the FP8 and MXFP4 schemes), eagerly beside the
+attention for the rest. vLLM's piecewise graphs cut its steps at attention the same way. Prompts
 (prefill) stay eager: they run once per request and their lengths vary.
 
 The pieces never see the cache length, so a growing cache never recompiles; batch size and T (the
 tokens per row) are specialized at first and made dynamic by dynamo when they change (a handful of
 graphs per piece and run). Inductor freezes the parameters (weights become constants of the graph,
 linear weights prepacked) and emits a C++ launcher; both settings apply only while these pieces run
-(torch's global config is left as it was). Frozen graphs belong to one model: dynamo guards the
-parameters by identity, so another ``LLM`` in the same process compiles its own (tested), and the
-process's compile cache keeps the weights of earlier ones alive.
+(torch's global config is left as it was). Frozen graphs belong to one model: each piece of each
+``CompiledLatentLM`` is a compile region of its own (``isolate_recompiles``), so another ``LLM`` in the
+same process compiles its own (tested), and the process's compile cache keeps the weights of earlier
+ones alive. Within a region dynamo checks only a call's inputs, not the hundreds of attributes down
+the model (``inputs_only``): the model is taken as it was when the pieces were built (frozen weights
+are constants anyway), and a model whose BMM weights are prepared again is refused.
 
 Compilation happens on first use of each piece and shape (seconds each on a few cores). Tokens
 chosen greedily are those of the eager path on the tested checkpoints, but logits differ in the last
@@ -36,7 +41,7 @@ from torch import Tensor
 from mlaq.engine.adapter import DeepseekLatentLM, GatheredCache
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
-from mlaq.model.mla_flash import absorbed_attention_flash
+from mlaq.model.mla_flash import absorbed_attention_flash, flash_attend
 from mlaq.model.step import StepPositions
 from mlaq.model.step_pieces import Projected, StepPieces
 
@@ -47,17 +52,22 @@ CACHE_SIZE_LIMIT = 64
 class CompiledLatentLM(DeepseekLatentLM):
     """``DeepseekLatentLM`` whose absorbed-path calls run their per-token pieces compiled."""
 
-    def __init__(self, model: DeepseekForCausalLM, *, backend: str = "inductor") -> None:
-        """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build)."""
+    def __init__(
+        self, model: DeepseekForCausalLM, *, backend: str = "inductor", fold_bmms: bool = True
+    ) -> None:
+        """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build).
+        ``fold_bmms=False``: the absorbed BMMs run eagerly beside the attention whatever the scheme
+        (``bench/compiled_ab.py --against unfolded``)."""
         super().__init__(model)
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
-        pieces = StepPieces(model)
+        pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms)
         n = model.config.num_hidden_layers
         self._head = _compiled(pieces.head, backend)
         self._between = [_compiled(_at(pieces.between, i), backend) for i in range(n - 1)]
         self._tail = _compiled(_at(pieces.tail, n - 1), backend)
         self._mtp_head = _compiled(pieces.mtp_head, backend) if model.num_mtp_layers else None
         self._mtp_tail = _compiled(pieces.mtp_tail, backend) if model.num_mtp_layers else None
+        self._prepared = self._absorbed_weights()  # what the pieces were built for (see _unchanged)
 
     @torch.no_grad()
     def forward(
@@ -74,6 +84,7 @@ class CompiledLatentLM(DeepseekLatentLM):
             return super().forward(
                 input_ids, positions, past, prefill=prefill, logits_index=logits_index, room=room
             )
+        self._unchanged()
         cache = GatheredCache(past, self._latent_width, first_layer=0, room=room)
         step = self.model.step_positions(input_ids, cache, 0, positions)
         p = self._head(input_ids, step.positions, step.cos, step.sin)
@@ -97,6 +108,7 @@ class CompiledLatentLM(DeepseekLatentLM):
         # the compiled pieces are MTP layer 0's; nothing cached yet: the eager path (once per request)
         if self._mtp_head is None or self._mtp_tail is None or step % m.num_mtp_layers or past.shape[1] == 0:
             return super().mtp(input_ids, hidden, positions, past, step=step, logits_index=logits_index)
+        self._unchanged()
         index = m.config.num_hidden_layers
         cache = GatheredCache([past], self._latent_width, first_layer=index)
         where = m.step_positions(input_ids, cache, index, positions)
@@ -104,14 +116,31 @@ class CompiledLatentLM(DeepseekLatentLM):
         logits, y = self._mtp_tail(projected[0], self._attend(index, cache, where, projected), logits_index)
         return LMOutput(logits, y, tuple(cache.entries))
 
+    def _absorbed_weights(self) -> tuple[object, ...]:
+        return tuple(layer.self_attn.absorbed for layer in self.model.model.layers)
+
+    def _unchanged(self) -> None:
+        """The pieces are guarded on their inputs only (``inputs_only``): refuse a model whose BMM
+        weights were prepared again (another scheme) after they were built."""
+        if any(now is not then for now, then in zip(self._absorbed_weights(), self._prepared, strict=True)):
+            raise ValueError(
+                "compile=True: the model's absorbed BMM weights were prepared again after its compiled "
+                "pieces were built; build a new LLM (or CompiledLatentLM) for the new scheme"
+            )
+
     def _attend(self, i: int, cache: GatheredCache, step: StepPositions, projected: Projected) -> Tensor:
         """Layer i's attention over the cache, eagerly: write the new latents (as ``DecoderLayer``), then
-        the absorbed path over every key with torch's fused attention kernel -> (B, T, N, V)."""
-        _, q_nope, q_pe, latent = projected
+        attend over every key with torch's fused attention kernel -> ``StepPieces.between``'s o: the
+        kernel's output where the pieces run the layer's BMMs, else the absorbed path's (B, T, N, V)."""
+        _, q, latent = projected
         attn = self.model.model.layers[i].self_attn
         keys, _ = cache.update(i, step, latent, None)  # (B, K, L+R)
-        w = attn._checked_absorbed()
-        return absorbed_attention_flash(q_nope, q_pe, keys, step.mask, w, attn.softmax_scale)
+        w = attn._checked_absorbed()  # kv_b_proj unchanged since prepare (the pieces cannot check)
+        n, scale = attn.config.num_heads, attn.softmax_scale
+        if self._pieces.folds(i):
+            return flash_attend(q, keys, step.mask, n, scale)
+        q_nope, q_pe = q.split([attn.config.qk_nope_head_dim, attn.config.qk_rope_head_dim], dim=-1)
+        return absorbed_attention_flash(q_nope, q_pe, keys, step.mask, w, scale)
 
 
 def _at(piece: Callable[..., Any], i: int) -> Callable[..., Any]:
@@ -153,9 +182,27 @@ class _Settings:
             setattr(module, name, value)
 
 
-def _compiled(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
-    """``fn`` compiled, with room for the shapes one run produces; parameters frozen (inductor)."""
-    compiled = torch.compile(fn, backend=backend, dynamic=None)
+# Roots of the guards on a piece's own state: the StepPieces of ``head`` / ``mtp_*`` (a bound method),
+# the bound method and layer index that ``_at`` closes over. Everything the model holds hangs below them.
+_OWN_STATE = ("L['self']", "L['piece']", "L['i']")
+
+
+def inputs_only(entries: Sequence[Any]) -> list[bool]:
+    """A ``guard_filter_fn``: keep dynamo's guards on the arguments (dtype, shape, strides of each
+    input) and on torch's global state; drop those on the piece's own state (hundreds of ID, type and
+    tensor checks down the model's modules: most of a ~100 us cache lookup per call). Safe because
+    each piece has its own compile region (``isolate_recompiles``: no other model's graphs to tell
+    apart) and ``CompiledLatentLM`` refuses to run a model re-prepared after it was built."""
+    return [not e.name.startswith(_OWN_STATE) for e in entries]
+
+
+def _compiled(
+    fn: Callable[..., Any], backend: str, *, guards: Callable[..., list[bool]] = inputs_only
+) -> Callable[..., Any]:
+    """``fn`` compiled in a region of its own, guarded on its inputs, with room for the shapes one run
+    produces; parameters frozen (inductor)."""
+    options = {"guard_filter_fn": guards}
+    compiled = torch.compile(fn, backend=backend, dynamic=None, options=options, isolate_recompiles=True)
     settings = _Settings(backend)
 
     def call(*args: Any) -> Any:

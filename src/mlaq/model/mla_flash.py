@@ -18,6 +18,7 @@ run through the layer's scheme as in ``absorbed_attention``.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -29,15 +30,37 @@ def absorbed_attention_flash(
 ) -> Tensor:
     """``absorbed_attention``'s signature and result (B, T, N, V) in the compute dtype, attending with
     torch's fused kernel: q_nope (B, T, N, P), q_pe (B, T, N, R), keys (B, K, L+R) in the compute dtype
-    (or float32 holding its values), mask (B, T, K) bool (True = attend) or None (every key visible)."""
+    (or float32 holding its values), mask (B, T, K) bool (True = attend) or None (every key visible).
+    The three steps below, in order; ``compile=True`` runs BMM #1 and #2 inside its compiled pieces."""
+    n, dtype = q_nope.shape[2], q_nope.dtype
+    o = flash_attend(flash_queries(q_nope, q_pe, w), keys, mask, n, scale)
+    return flash_output(o, w, n, dtype)
+
+
+def flash_queries(q_nope: Tensor, q_pe: Tensor, w: AbsorbedWeights) -> Tensor:
+    """BMM #1 with ``w.scheme_uk`` and the heads folded into the query axis: q_nope (B, T, N, P),
+    q_pe (B, T, N, R) -> (B, 1, N*T, L+R) in the compute dtype, query row h*T + i = head h, token i."""
     b, t, n, _ = q_nope.shape
-    dtype = q_nope.dtype
-    lora = w.w_uk.shape[2]
-    q = absorbed_queries(q_nope, q_pe, w).to(dtype).reshape(b, 1, n * t, -1)  # (B, 1, N*T, L+R)
-    k = keys.to(dtype)[:, None]  # (B, 1, K, L+R): one kv head, read in place
+    return absorbed_queries(q_nope, q_pe, w).to(q_nope.dtype).reshape(b, 1, n * t, -1)
+
+
+def flash_attend(q: Tensor, keys: Tensor, mask: Tensor | None, n: int, scale: float) -> Tensor:
+    """The attention over the cache in torch's fused kernel: folded queries q (B, 1, N*T, L+R), keys
+    (B, K, L+R) (cast to q's dtype; read in place when already in it), mask (B, T, K) or None, N heads
+    -> (B, 1, N*T, L+R) in q's dtype (its last R columns are the keys' rope part: ignored)."""
+    b, _, rows, _ = q.shape
+    k = keys.to(q.dtype)[:, None]  # (B, 1, K, L+R): one kv head, keys doubling as values
     m = None
-    if mask is not None:  # (B, T, K) -> (B, 1, N*T, K), query row h*T + i is head h at token i
-        m = mask[:, None, None].expand(b, 1, n, t, mask.shape[-1]).reshape(b, 1, n * t, -1)
-    o = F.scaled_dot_product_attention(q, k, k, attn_mask=m, scale=scale)  # (B, 1, N*T, L+R)
-    o_latent = o.view(b, n, t, -1)[..., :lora].transpose(0, 1)  # (N, B, T, L)
+    if mask is not None:  # (B, T, K) -> (B, 1, N*T, K)
+        t = rows // n
+        m = mask[:, None, None].expand(b, 1, n, t, mask.shape[-1]).reshape(b, 1, rows, -1)
+    return F.scaled_dot_product_attention(q, k, k, attn_mask=m, scale=scale)
+
+
+def flash_output(o: Tensor, w: AbsorbedWeights, n: int, dtype: torch.dtype) -> Tensor:
+    """BMM #2 with ``w.scheme_uv`` on ``flash_attend``'s result o (B, 1, N*T, L+R) -> (B, T, N, V) in
+    ``dtype``."""
+    b, _, rows, _ = o.shape
+    lora = w.w_uv.shape[1]
+    o_latent = o.view(b, n, rows // n, -1)[..., :lora].transpose(0, 1)  # (N, B, T, L)
     return absorbed_output(o_latent, w, dtype)  # (B, T, N, V)

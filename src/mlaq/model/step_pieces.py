@@ -1,12 +1,14 @@
 """A decode / verification / MTP step cut at each layer's attention over the cache, for ``torch.compile``.
 
-What a step does per token (norms, the projections, RoPE, o_proj, the residuals, the MLP or MoE,
-the final norm and lm_head) is hundreds of small tensor ops; inductor fuses them into a few C++
-kernels around the GEMMs. What a step does over the cache (writing the new latents, the absorbed
-BMMs, the scores and the value matmul over every cached key) stays eager, between the pieces, as
-vLLM's piecewise graphs leave attention to its own kernel: the cache grows every step and is the
-engine's resident buffer, written in place; the BMM schemes are exact emulations that must keep
-their arithmetic bit for bit.
+What a step does per token (norms, the projections, RoPE, the absorbed BMMs, o_proj, the residuals,
+the MLP or MoE, the final norm and lm_head) is hundreds of small tensor ops; inductor fuses them into
+a few C++ kernels around the GEMMs. What a step does over the cache (writing the new latents, the
+scores and the value matmul over every cached key) stays eager, between the pieces, as vLLM's
+piecewise graphs leave attention to its own kernel: the cache grows every step and is the engine's
+resident buffer, written in place. The BMM schemes are exact emulations that must keep their
+arithmetic bit for bit: a layer's BMM #1 (end of a piece) and #2 (start of the next) run inside the
+pieces where its scheme says inductor reproduces it exactly (``BmmScheme.compiles_exactly``), and
+eagerly with the attention otherwise (:meth:`StepPieces.folds`).
 
 The pieces are functions of tensors only, free of data-dependent Python control flow: routed experts
 run on weights stacked once per MoE layer, so shapes never depend on the routing. For a model of
@@ -24,12 +26,15 @@ from torch import Tensor
 from mlaq.model.decoder import DecoderLayer
 from mlaq.model.deepseek import DeepseekForCausalLM
 from mlaq.model.linear import linear
+from mlaq.model.mla_flash import flash_output, flash_queries
 from mlaq.model.moe import MoE
 from mlaq.model.mtp import MTPLayer, select_rows
 
-# A layer's input to its attention: (x (B, T, H) the residual stream entering the layer,
-# q_nope (B, T, N, P), q_pe (B, T, N, R) rotated, latent (B, T, L+R) the new cache entries)
-Projected = tuple[Tensor, Tensor, Tensor, Tensor]
+# A layer's input to its attention: (x (B, T, H) the residual stream entering the layer, q the
+# queries, latent (B, T, L+R) the new cache entries). q is mla_flash's folded form (B, 1, N*T, L+R)
+# in the compute dtype, BMM #1 done, where the layer ``folds``; else [q_nope | q_pe] (B, T, N, P+R),
+# q_pe rotated.
+Projected = tuple[Tensor, Tensor, Tensor]
 
 
 class _Experts(torch.nn.Module):
@@ -47,7 +52,8 @@ class _Experts(torch.nn.Module):
 class StepPieces:
     """The trace-friendly pieces of ``model``'s absorbed-path steps (main layers, and MTP layer 0)."""
 
-    def __init__(self, model: DeepseekForCausalLM) -> None:
+    def __init__(self, model: DeepseekForCausalLM, *, fold_bmms: bool = True) -> None:
+        """``fold_bmms=False``: every layer's BMMs stay outside the pieces (A/B measurements)."""
         for layer in model.model.layers:
             if layer.indexer_kind is not None:
                 raise ValueError(
@@ -55,6 +61,7 @@ class StepPieces:
                     "GLM-4.7-Flash); run this model with compile=False"
                 )
         self.model = model
+        self.fold_bmms = fold_bmms
         self.experts = [self._stacked(layer) for layer in model.model.layers]
 
     @staticmethod
@@ -79,7 +86,8 @@ class StepPieces:
         return self._project(0, self.model.model.embed_tokens(input_ids), positions, cos, sin)
 
     def between(self, i: int, x: Tensor, o: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
-        """Layer i's input x and attention output o (B, T, N, V) -> layer i+1's input and projections."""
+        """Layer i's input x and attention output o -> layer i+1's input and projections. o is
+        ``mla_flash.flash_attend``'s (B, 1, N*T, L+R) where layer i ``folds``, else (B, T, N, V)."""
         return self._project(i + 1, self._finish(i, x, o), positions, cos, sin)
 
     def tail(self, i: int, x: Tensor, o: Tensor, logits_index: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -108,15 +116,28 @@ class StepPieces:
         return layer
 
     # ---- one layer's halves -------------------------------------------------------------------
+    def folds(self, i: int) -> bool:
+        """Whether layer i's BMMs run inside the pieces: both its schemes compile exactly. Read while
+        tracing (dynamo guards the prepared weights: a new ``prepare`` retraces) and by the caller."""
+        w = self.model.model.layers[i].self_attn.absorbed
+        ok = w is not None and w.scheme_uk.compiles_exactly and w.scheme_uv.compiles_exactly
+        return self.fold_bmms and ok
+
     def _project(self, i: int, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
-        layer = self.model.model.layers[i]
-        proj = layer.self_attn.project(layer.input_layernorm(x), positions, (cos, sin))
-        return x, proj.q_nope, proj.q_pe, proj.latent
+        attn = self.model.model.layers[i].self_attn
+        proj = attn.project(self.model.model.layers[i].input_layernorm(x), positions, (cos, sin))
+        if self.folds(i):
+            return x, flash_queries(proj.q_nope, proj.q_pe, attn.absorbed), proj.latent
+        return x, torch.cat((proj.q_nope, proj.q_pe), dim=-1), proj.latent
 
     def _finish(self, i: int, x: Tensor, o: Tensor) -> Tensor:
-        """Layer i after its attention: o_proj, residual, post-attention norm, MLP / MoE, residual."""
+        """Layer i after its attention: (BMM #2,) o_proj, residual, post-attention norm, MLP / MoE,
+        residual."""
         layer = self.model.model.layers[i]
         b, t = x.shape[:2]
+        if self.folds(i):
+            attn = layer.self_attn
+            o = flash_output(o, attn.absorbed, attn.config.num_heads, x.dtype)  # (B, T, N, V)
         x = x + layer.self_attn.o_proj(o.reshape(b, t, -1))  # (B, T, N*V) -> (B, T, H)
         h = layer.post_attention_layernorm(x)
         stacked = self.experts[i]
