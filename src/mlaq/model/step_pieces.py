@@ -26,6 +26,7 @@ from torch import Tensor
 from mlaq.model.decoder import DecoderLayer
 from mlaq.model.deepseek import DeepseekForCausalLM
 from mlaq.model.linear import linear
+from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.model.mla_flash import flash_output, flash_queries
 from mlaq.model.moe import MoE
 from mlaq.model.mtp import MTPLayer, select_rows
@@ -118,16 +119,20 @@ class StepPieces:
     # ---- one layer's halves -------------------------------------------------------------------
     def folds(self, i: int) -> bool:
         """Whether layer i's BMMs run inside the pieces: both its schemes compile exactly. Read while
-        tracing (dynamo guards the prepared weights: a new ``prepare`` retraces) and by the caller."""
+        tracing and by the caller (``mlaq.engine.compiled``, which refuses weights prepared again)."""
+        return self._folded_weights(i) is not None
+
+    def _folded_weights(self, i: int) -> AbsorbedWeights | None:
         w = self.model.model.layers[i].self_attn.absorbed
         ok = w is not None and w.scheme_uk.compiles_exactly and w.scheme_uv.compiles_exactly
-        return self.fold_bmms and ok
+        return w if self.fold_bmms and ok else None
 
     def _project(self, i: int, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
         attn = self.model.model.layers[i].self_attn
         proj = attn.project(self.model.model.layers[i].input_layernorm(x), positions, (cos, sin))
-        if self.folds(i):
-            return x, flash_queries(proj.q_nope, proj.q_pe, attn.absorbed), proj.latent
+        w = self._folded_weights(i)
+        if w is not None:
+            return x, flash_queries(proj.q_nope, proj.q_pe, w), proj.latent
         return x, torch.cat((proj.q_nope, proj.q_pe), dim=-1), proj.latent
 
     def _finish(self, i: int, x: Tensor, o: Tensor) -> Tensor:
@@ -135,9 +140,9 @@ class StepPieces:
         residual."""
         layer = self.model.model.layers[i]
         b, t = x.shape[:2]
-        if self.folds(i):
-            attn = layer.self_attn
-            o = flash_output(o, attn.absorbed, attn.config.num_heads, x.dtype)  # (B, T, N, V)
+        w = self._folded_weights(i)
+        if w is not None:
+            o = flash_output(o, w, layer.self_attn.config.num_heads, x.dtype)  # (B, T, N, V)
         x = x + layer.self_attn.o_proj(o.reshape(b, t, -1))  # (B, T, N*V) -> (B, T, H)
         h = layer.post_attention_layernorm(x)
         stacked = self.experts[i]
