@@ -189,8 +189,8 @@ _OWN_STATE = ("L['self']", "L['piece']", "L['i']")
 
 def inputs_only(entries: Sequence[Any]) -> list[bool]:
     """A ``guard_filter_fn``: keep dynamo's guards on the arguments (dtype, shape, strides of each
-    input) and on torch's global state; drop those on the piece's own state (hundreds of ID, type and
-    tensor checks down the model's modules: most of a ~100 us cache lookup per call). Safe because
+    input) and on torch's global state; drop those on the piece's own state (~800 ID, type and tensor
+    checks down the model's modules a step; bench/RESULTS.md "Change 9"). Safe because
     each piece has its own compile region (``isolate_recompiles``: no other model's graphs to tell
     apart) and ``CompiledLatentLM`` refuses to run a model re-prepared after it was built."""
     return [not e.name.startswith(_OWN_STATE) for e in entries]
