@@ -153,3 +153,17 @@ def test_compiled_bf16_holds_the_resident_latents_in_bf16(checkpoint):
     assert llm.engine.runner.resident is not None and llm.engine.runner.resident.dtype == torch.bfloat16
     eager = LLM(checkpoint, max_model_len=64, dtype=torch.bfloat16)
     assert eager.engine.runner.resident is not None and eager.engine.runner.resident.dtype == torch.float32
+
+
+def test_compiled_pieces_are_guarded_on_their_inputs_only(checkpoint):
+    """Dynamo checks a piece's arguments, not the model's tensors (mlaq.engine.compiled.inputs_only): a
+    weight's metadata changed in a way that leaves every result alone (requires_grad, under no_grad)
+    retraces nothing; with dynamo's default guards its TENSOR_MATCH fails and the pieces compile again."""
+    model = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")
+    llm = LLM(model, max_model_len=64)
+    want = tokens(llm, PROMPTS[:1])
+    counters.clear()
+    for layer in model.model.model.layers:
+        layer.self_attn.o_proj.weight.requires_grad_(True)
+    assert tokens(llm, PROMPTS[:1]) == want
+    assert counters["stats"]["unique_graphs"] == 0

@@ -32,6 +32,7 @@ probabilities before normalizing them (eager decode and ``mlaq validate`` keep t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -182,18 +183,26 @@ class _Settings:
             setattr(module, name, value)
 
 
-# Roots of the guards on a piece's own state: the StepPieces of ``head`` / ``mtp_*`` (a bound method),
-# the bound method and layer index that ``_at`` closes over. Everything the model holds hangs below them.
-_OWN_STATE = ("L['self']", "L['piece']", "L['i']")
+# The roots of the guards on a piece's own state: the StepPieces of ``head`` / ``mtp_*`` (a bound method:
+# ``self``), the bound method and layer index that ``_at`` closes over (``piece``, ``i``). Everything the
+# model holds hangs below them. A guard's name is a source expression: "piece.__self__.experts",
+# "type(self.model)", ...; its root is the first name after any call wrappers.
+_OWN_STATE = frozenset({"self", "piece", "i"})
+_ROOT = re.compile(r"^(?:\w+\()*(\w+)")
 
 
 def inputs_only(entries: Sequence[Any]) -> list[bool]:
     """A ``guard_filter_fn``: keep dynamo's guards on the arguments (dtype, shape, strides of each
-    input) and on torch's global state; drop those on the piece's own state (~800 ID, type and tensor
-    checks down the model's modules a step; bench/RESULTS.md "Change 9"). Safe because
-    each piece has its own compile region (``isolate_recompiles``: no other model's graphs to tell
-    apart) and ``CompiledLatentLM`` refuses to run a model re-prepared after it was built."""
-    return [not e.name.startswith(_OWN_STATE) for e in entries]
+    input) and on torch's global state; drop those on the piece's own state (hundreds of type, key and
+    tensor checks down the model's modules; bench/RESULTS.md "Change 9"). Safe because each piece has
+    its own compile region (``isolate_recompiles``: no other model's graphs to tell apart) and
+    ``CompiledLatentLM`` refuses to run a model re-prepared after it was built."""
+    return [_root(e.name) not in _OWN_STATE for e in entries]
+
+
+def _root(name: str) -> str:
+    match = _ROOT.match(name)
+    return match.group(1) if match else ""
 
 
 def _compiled(
