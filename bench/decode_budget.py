@@ -61,23 +61,35 @@ def ops_per_step(llm: LLM, prompts: list, new: int) -> float:
     return (counts[1] - counts[0]) / new
 
 
+def _parser(doc: str) -> argparse.ArgumentParser:
+    """The options every decode measurement here takes: --model, --prompt-len, --new-tokens, --threads."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=2)
+    return p
+
+
+def _parse(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse, set torch's threads and keep freed memory (no page faults between timed runs)."""
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    keep_freed_memory()
+    return a
+
+
 def ab_setup(doc: str, **choices: list[str]) -> tuple[argparse.Namespace, list]:
     """The arguments of the one-process A/B scripts (``resident_ab``, ``compiled_ab``): BATCH, --model,
     --prompt-len, --new-tokens, --rounds, --threads, and an option --NAME for each of ``choices`` (its
     first value the default); sets the threads and keeps freed memory. Returns the arguments and BATCH
     random prompts of --prompt-len token ids."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _parser(doc)
     for name, values in choices.items():
         p.add_argument(f"--{name}", choices=values, default=values[0])
     p.add_argument("batch", type=int)
-    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
-    a = p.parse_args()
-    torch.set_num_threads(a.threads)
-    keep_freed_memory()
+    a = _parse(p)
     rng = random.Random(1)
     prompts = [
         {"prompt_token_ids": [rng.randrange(3, 4000) for _ in range(a.prompt_len)]} for _ in range(a.batch)
@@ -97,16 +109,10 @@ def tiny_op_us(n: int = 20000) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
+    p = _parser(__doc__)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
-    a = p.parse_args()
-    torch.set_num_threads(a.threads)
-    keep_freed_memory()
+    a = _parse(p)
     llm = LLM(a.model, dtype=torch.bfloat16, max_num_seqs=max(a.batches))
     rng = random.Random(0)
     apply = Bf16Reference.apply

@@ -10,9 +10,10 @@ gather and no concatenation. The buffer holds float32 (the model dtype's values,
 absorbed path's score matmul multiplies float32 operands, so a bf16 buffer would need a float32 copy
 per layer and step (at batch 32, 4-6 ms of a ~50 ms step); it costs twice the memory of the
 batch's cache instead. A model may ask for another dtype (``room_dtype``): ``compile=True`` holds the
-compute dtype, which its fused attention kernel reads in place. The paged cache stays the record (it is written as before); the buffer
-is rebuilt from it by one gather whenever the batch changes, a row would start past what the buffer
-holds for it, or the capacity is reached (it grows by a quarter plus 64 positions).
+compute dtype, which its fused attention kernel reads in place. The paged cache stays the record (it
+is written as before); the buffer is rebuilt from it by one gather whenever the batch changes, a row
+would start past what the buffer holds for it, or the capacity is reached (it grows by a quarter
+plus 64 positions).
 
 Row b of the buffer holds the row's entries for positions below ``valid[b]``; later positions hold
 zeros or entries of right-padded tokens (finite values that causality hides, as the gather's zeros).
