@@ -6,8 +6,9 @@ each on these model sizes). A step is cut at each layer's attention over the cac
 the absorbed BMMs, o_proj, MLP / MoE, lm_head) run compiled, inductor fusing them into a few C++
 kernels around the GEMMs; the attention itself runs eagerly between them: each layer writes its new
 latents into the runner's resident buffer (``mlaq.engine.resident``, held in the compute dtype here)
-and attends over it in place with torch's fused CPU attention kernel (``mlaq.model.mla_flash``: the
-cache read once, an online softmax, as FlashMLA computes). The absorbed BMMs keep their scheme's
+and attends over it in place, the cache read once with an online softmax as FlashMLA computes, in
+mlaq's own C kernel (``mlaq.model.mla_decode``, ``attention="mlaq"``; about twice torch's speed at
+batch 32) or torch's fused CPU attention kernel (``mlaq.model.mla_flash``, ``attention="torch"``). The absorbed BMMs keep their scheme's
 exact emulation, whatever the scheme: inside the pieces for the schemes inductor reproduces bit for
 bit (``BmmScheme.compiles_exactly``: bf16, fp32, the FP8 and MXFP4 schemes), eagerly beside the
 attention for the rest. vLLM's piecewise graphs cut its steps at attention the same way. Prompts
@@ -26,12 +27,14 @@ are constants anyway), and a model whose BMM weights are prepared again is refus
 
 Compilation happens on first use of each piece and shape (seconds each on a few cores). Tokens
 chosen greedily are those of the eager path on the tested checkpoints, but logits differ in the last
-bits: the fused pieces round some intermediates differently, and the flash kernel rounds attention
-probabilities before normalizing them (eager decode and ``mlaq validate`` keep the reference arithmetic).
+bits: the fused pieces round some intermediates differently, and the attention kernels normalize the
+softmax at the end (torch's also rounds the probabilities to the compute dtype first); eager decode
+and ``mlaq validate`` keep the reference arithmetic.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,24 +45,35 @@ from torch import Tensor
 from mlaq.engine.adapter import DeepseekLatentLM, GatheredCache
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
-from mlaq.model.mla_flash import absorbed_attention_flash, flash_attend
+from mlaq.model.mla_decode import DecodeKernel, KernelUnavailable, load_decode_kernel
+from mlaq.model.mla_flash import flash_attend, flash_output, flash_queries
 from mlaq.model.step import StepPositions
 from mlaq.model.step_pieces import Projected, StepPieces
 
 # Graphs one piece may need in a run: batch sizes x T values (1, k+1), static then dynamic.
 CACHE_SIZE_LIMIT = 64
+ATTENTION_CHOICES = ("auto", "mlaq", "torch")
+LOGGER = logging.getLogger("mlaq.engine")
 
 
 class CompiledLatentLM(DeepseekLatentLM):
     """``DeepseekLatentLM`` whose absorbed-path calls run their per-token pieces compiled."""
 
     def __init__(
-        self, model: DeepseekForCausalLM, *, backend: str = "inductor", fold_bmms: bool = True
+        self,
+        model: DeepseekForCausalLM,
+        *,
+        backend: str = "inductor",
+        fold_bmms: bool = True,
+        attention: str = "auto",
     ) -> None:
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build).
         ``fold_bmms=False``: the absorbed BMMs run eagerly beside the attention whatever the scheme
-        (``bench/compiled_ab.py --against unfolded``)."""
+        (``bench/compiled_ab.py --against unfolded``). ``attention``: the kernel over the cache,
+        "mlaq" (``mlaq.model.mla_decode``; an error where it cannot be built), "torch" (torch's fused
+        kernel) or "auto" (mlaq's where it builds, else torch's, with a warning saying why)."""
         super().__init__(model)
+        self.kernel = _decode_kernel(attention)  # None: torch's kernel
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
         pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms)
         n = model.config.num_hidden_layers
@@ -137,11 +151,37 @@ class CompiledLatentLM(DeepseekLatentLM):
         attn = self.model.model.layers[i].self_attn
         keys, _ = cache.update(i, step, latent, None)  # (B, K, L+R)
         w = attn._checked_absorbed()  # kv_b_proj unchanged since prepare (the pieces cannot check)
-        n, scale = attn.config.num_heads, attn.softmax_scale
+        c = attn.config
         if self._pieces.folds(i):
-            return flash_attend(q, keys, step.mask, n, scale)
-        q_nope, q_pe = q.split([attn.config.qk_nope_head_dim, attn.config.qk_rope_head_dim], dim=-1)
-        return absorbed_attention_flash(q_nope, q_pe, keys, step.mask, w, scale)
+            return self._over_cache(q, keys, step.mask, c.num_heads, attn.softmax_scale, c.kv_lora_rank)
+        q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        folded = flash_queries(q_nope, q_pe, w)  # BMM #1, eagerly
+        o = self._over_cache(folded, keys, step.mask, c.num_heads, attn.softmax_scale, c.kv_lora_rank)
+        return flash_output(o, w, c.num_heads, q.dtype)  # BMM #2
+
+    def _over_cache(
+        self, q: Tensor, keys: Tensor, mask: Tensor | None, n: int, scale: float, lora: int
+    ) -> Tensor:
+        """Folded queries (B, 1, N*T, L+R) over the keys (B, K, L+R) -> (B, 1, N*T, L or L+R), in the
+        chosen kernel (``flash_output`` keeps the first L columns)."""
+        if self.kernel is not None and self.kernel.supports(q, keys, lora):
+            return self.kernel.attend(q, keys, mask, n, scale, lora)
+        return flash_attend(q, keys, mask, n, scale)
+
+
+def _decode_kernel(attention: str) -> DecodeKernel | None:
+    """``CompiledLatentLM``'s ``attention`` choice -> mlaq's loaded kernel, or None for torch's."""
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
+    if attention == "torch":
+        return None
+    try:
+        return load_decode_kernel()
+    except KernelUnavailable as e:
+        if attention == "mlaq":
+            raise
+        LOGGER.warning("compile=True attends with torch's kernel: mlaq's could not be built: %s", e)
+        return None
 
 
 def _at(piece: Callable[..., Any], i: int) -> Callable[..., Any]:

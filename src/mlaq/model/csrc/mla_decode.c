@@ -1,0 +1,256 @@
+/* MLA's absorbed decode attention over the latent cache: one pass over each row's keys, in C.
+ *
+ * Built and loaded by mlaq/model/mla_decode.py (read that first). For each batch row b and each folded
+ * query row r (= head h * T + token i), over the row's K keys (each D = L+R wide; the first DV = L
+ * columns are also the values):
+ *
+ *     s[r,k] = dot(q[r], key[k]) * scale        (float32; -inf where the mask hides key k)
+ *     o[r]   = sum_k exp(s[r,k] - m) * key[k][:DV]  /  sum_k exp(s[r,k] - m),   m = max_k s[r,k]
+ *
+ * with FlashAttention's online softmax over blocks of BLOCK keys (a block that raises the running
+ * maximum rescales what was summed so far), probabilities kept in float32. The arithmetic is exactly
+ * the float32 operations written below, in the order written: built with -ffp-contract=off and without
+ * -ffast-math, the compiler vectorizes but never reorders a sum or fuses a multiply-add it was not
+ * told to, so the result is the same bits on every x86-64 CPU, at every vector width and thread count
+ * (one thread computes a whole batch row). Specifically:
+ * - a dot product is LANES interleaved chains of fused multiply-adds (lane l takes elements l, l+LANES,
+ *   ...), then the lanes summed pairwise (fold());
+ * - exp is exp_f32() (Cephes' expf, ~1 ulp);
+ * - a value sum runs over keys in order, one fused multiply-add per key and column;
+ * - bf16 operands are widened exactly; a bf16 output is rounded to nearest even once, at the end. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16 /* lanes of a vector; D and DV must be multiples (checked in Python) */
+#define BLOCK 64 /* keys per online-softmax block */
+#define ROWS 4   /* query rows computed together (the batch row's rows are padded to a multiple) */
+
+/* LANES floats as one value, kept in vector registers (one zmm with AVX-512, two ymm with AVX2). */
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef uint16_t vec_u16 __attribute__((vector_size(LANES * sizeof(uint16_t))));
+typedef uint32_t vec_u32 __attribute__((vector_size(LANES * sizeof(uint32_t))));
+typedef float half8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float half4 __attribute__((vector_size(4 * sizeof(float))));
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* LANES elements of a key row from `base` (bf16 or float32) as float32: bf16 widened in registers. */
+static inline __attribute__((always_inline)) vec load_key(const void *base, int64_t i, int bf16) {
+    if (bf16) {
+        vec_u16 h;
+        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+        vec_u32 w = __builtin_convertvector(h, vec_u32) << 16;
+        return (vec)w;
+    }
+    vec v;
+    memcpy(&v, (const float *)base + i, sizeof v);
+    return v;
+}
+
+static inline vec load(const float *p) {
+    vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
+
+static inline vec splat(float x) { return (vec){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+/* IEEE's fused multiply-add a * b + c, lane by lane: one rounding (the hardware instruction where the
+ * build has one; fmaf() gives the same bits elsewhere). */
+static inline vec vfma(vec a, vec b, vec c) {
+#if defined(__AVX512F__)
+    return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+    vec r;
+    for (int l = 0; l < LANES; l++) r[l] = fmaf(a[l], b[l], c[l]);
+    return r;
+#endif
+}
+
+/* The lanes' sum, pairwise: lane l + 8 onto lane l, then l + 4, l + 2, l + 1. */
+static inline float fold(vec v) {
+    half8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    a += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    half4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    float c0 = b[0] + b[2], c1 = b[1] + b[3];
+    return c0 + c1;
+}
+
+/* exp(x) for x <= 0 (scores minus their running maximum): Cephes' expf. x = n ln2 + r, |r| <= ln2/2,
+ * exp(r) by its polynomial, times 2^n built in the exponent bits; 0 at and below -87.3 (also -inf). */
+static inline float exp_f32(float x) {
+    const float big = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer (nearest even) */
+    if (!(x > -87.3f)) return 0.0f;
+    float n = (x * 1.44269504088896341f + big) - big;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r;
+    p = p + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+/* s[r][u] = dot(q[r], key u) for ROWS query rows (float32, stride d) and two keys: 2 x ROWS independent
+ * chains (the FMA latency hidden), each key chunk loaded and widened once. */
+static inline __attribute__((always_inline)) void dots(const float *q, const void *k0, const void *k1,
+                                                       int bf16, int64_t d, float s[ROWS][2]) {
+    vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+    for (int64_t i = 0; i < d; i += LANES) {
+        vec x = load_key(k0, i, bf16), y = load_key(k1, i, bf16);
+        vec q0 = load(q + i), q1 = load(q + d + i), q2 = load(q + 2 * d + i), q3 = load(q + 3 * d + i);
+        a0 = vfma(q0, x, a0), b0 = vfma(q0, y, b0), a1 = vfma(q1, x, a1), b1 = vfma(q1, y, b1);
+        a2 = vfma(q2, x, a2), b2 = vfma(q2, y, b2), a3 = vfma(q3, x, a3), b3 = vfma(q3, y, b3);
+    }
+    s[0][0] = fold(a0), s[1][0] = fold(a1), s[2][0] = fold(a2), s[3][0] = fold(a3);
+    s[0][1] = fold(b0), s[1][1] = fold(b1), s[2][1] = fold(b2), s[3][1] = fold(b3);
+}
+
+/* o[r][:dv] += sum over the block's keys j, in order, of p[r][j] * key j [:dv], for ROWS rows (stride dv)
+ * whose probabilities are p[r * BLOCK + j]: LANES columns of all rows in registers across the block. */
+static inline __attribute__((always_inline)) void accumulate(float *o, const float *p, const char *keys,
+                                                             int64_t row_bytes, int bf16, int64_t nk,
+                                                             int64_t dv) {
+    for (int64_t c = 0; c < dv; c += LANES) {
+        vec a0 = load(o + c), a1 = load(o + dv + c), a2 = load(o + 2 * dv + c), a3 = load(o + 3 * dv + c);
+        for (int64_t j = 0; j < nk; j++) {
+            vec v = load_key(keys + j * row_bytes, c, bf16);
+            a0 = vfma(splat(p[j]), v, a0), a1 = vfma(splat(p[BLOCK + j]), v, a1);
+            a2 = vfma(splat(p[2 * BLOCK + j]), v, a2), a3 = vfma(splat(p[3 * BLOCK + j]), v, a3);
+        }
+        store(o + c, a0), store(o + dv + c, a1), store(o + 2 * dv + c, a2), store(o + 3 * dv + c, a3);
+    }
+}
+
+/* One block of nk keys for ROWS query rows: p[r][j] = exp(s[r][j] - new maximum) (0 where masked), each
+ * row's running maximum and sum updated, o[r] rescaled by exp(old maximum - new maximum). `visible`:
+ * the mask rows (t of them, stride nk_total, offset to the block) or NULL; row r uses mask row r % t.
+ * `next`: the next block's first key (prefetched into L2 while this one computes) or NULL. */
+static inline __attribute__((always_inline)) void block_softmax(
+    const float *q, const char *keys, int64_t row_bytes, int bf16, const uint8_t *visible, int64_t r0,
+    int64_t t, int64_t nk, int64_t nk_total, int64_t d, int64_t dv, float scale, float *o, float *p,
+    float *run_max, float *run_sum, const char *next) {
+    float s[ROWS][2];
+    for (int64_t j = 0; j < nk; j += 2) {
+        if (next)
+            for (int64_t b = 0; b < 2 * row_bytes; b += 64) __builtin_prefetch(next + j * row_bytes + b, 0, 2);
+        const char *k1 = keys + (j + 1 < nk ? j + 1 : j) * row_bytes; /* an odd last key done twice */
+        dots(q, keys + j * row_bytes, k1, bf16, d, s);
+        for (int r = 0; r < ROWS; r++)
+            for (int64_t u = 0; u < 2 && j + u < nk; u++) p[r * BLOCK + j + u] = s[r][u] * scale;
+    }
+    for (int r = 0; r < ROWS; r++) {
+        float *pr = p + r * BLOCK, block_max = -INFINITY;
+        const uint8_t *shown = visible ? visible + ((r0 + r) % t) * nk_total : NULL;
+        for (int64_t j = 0; j < nk; j++) {
+            if (shown && !shown[j]) pr[j] = -INFINITY;
+            block_max = pr[j] > block_max ? pr[j] : block_max;
+        }
+        float m = run_max[r0 + r], new_max = block_max > m ? block_max : m;
+        if (new_max == -INFINITY) { /* nothing visible yet: nothing to add */
+            for (int64_t j = 0; j < nk; j++) pr[j] = 0.0f;
+            continue;
+        }
+        float alpha = exp_f32(m - new_max); /* 0 on the first visible block, 1 if the maximum stays */
+        if (alpha != 1.0f)
+            for (int64_t c = 0; c < dv; c++) o[r * dv + c] *= alpha;
+        float sum = run_sum[r0 + r] * alpha;
+        for (int64_t j = 0; j < nk; j++) pr[j] = exp_f32(pr[j] - new_max);
+        for (int64_t j = 0; j < nk; j++) sum += pr[j];
+        run_max[r0 + r] = new_max, run_sum[r0 + r] = sum;
+    }
+}
+
+/* One batch row: q (rows, d) float32, rows a multiple of ROWS (padding rows zero), keys (nk, d) rows of
+ * row_bytes each, mask (t, nk) or NULL -> o (rows, dv) float32. */
+static inline __attribute__((always_inline)) void attend_row(
+    const float *q, const char *keys, int64_t row_bytes, int bf16, const uint8_t *mask, int64_t rows,
+    int64_t t, int64_t nk_total, int64_t d, int64_t dv, float scale, float *o, float *p, float *run_max,
+    float *run_sum) {
+    for (int64_t r = 0; r < rows; r++) run_max[r] = -INFINITY, run_sum[r] = 0.0f;
+    memset(o, 0, (size_t)(rows * dv) * sizeof(float));
+    for (int64_t first = 0; first < nk_total; first += BLOCK) {
+        int64_t nk = nk_total - first < BLOCK ? nk_total - first : BLOCK;
+        const char *block = keys + first * row_bytes;
+        const char *next = first + BLOCK < nk_total ? block + BLOCK * row_bytes : NULL;
+        const uint8_t *visible = mask ? mask + first : NULL;
+        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+            block_softmax(q + r0 * d, block, row_bytes, bf16, visible, r0, t, nk, nk_total, d, dv, scale,
+                          o + r0 * dv, p, run_max, run_sum, r0 == 0 ? next : NULL);
+            accumulate(o + r0 * dv, p, block, row_bytes, bf16, nk, dv);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) /* a row that saw no key (all masked) is 0 / 0 = NaN */
+        for (int64_t c = 0; c < dv; c++) o[r * dv + c] = o[r * dv + c] / run_sum[r];
+}
+
+/* q (B, heads*t, d), keys of batch row b at keys + b * key_stride elements ((nk, d) rows, contiguous),
+ * mask (B, t, nk) or NULL, out (B, heads*t, dv), all bf16 or all float32. Returns 0, or -1 when a
+ * scratch buffer could not be allocated. Batch rows run in parallel (OpenMP) when there is work enough. */
+static inline __attribute__((always_inline)) int attend(const void *q, const void *keys, int64_t key_stride,
+                                                        const uint8_t *mask, int64_t batch, int64_t heads,
+                                                        int64_t t, int64_t nk, int64_t d, int64_t dv,
+                                                        float scale, void *out, int bf16) {
+    int64_t rows = heads * t, padded = (rows + ROWS - 1) / ROWS * ROWS;
+    int64_t size = bf16 ? 2 : 4;
+    int failed = 0;
+#pragma omp parallel for schedule(static) if (batch > 1 && batch * rows * nk * d > (1 << 20))
+    for (int64_t b = 0; b < batch; b++) {
+        float *qf = calloc((size_t)(padded * d + padded * dv + ROWS * BLOCK + 2 * padded), sizeof(float));
+        if (!qf) {
+            failed = 1;
+            continue;
+        }
+        float *o = qf + padded * d, *p = o + padded * dv, *run_max = p + ROWS * BLOCK;
+        float *run_sum = run_max + padded;
+        for (int64_t i = 0; i < rows * d; i++)
+            qf[i] = bf16 ? bf16_to_f32(((const uint16_t *)q)[b * rows * d + i]) : ((const float *)q)[b * rows * d + i];
+        const char *row_keys = (const char *)keys + b * key_stride * size;
+        const uint8_t *row_mask = mask ? mask + b * t * nk : NULL;
+        attend_row(qf, row_keys, d * size, bf16, row_mask, padded, t, nk, d, dv, scale, o, p, run_max, run_sum);
+        if (bf16)
+            for (int64_t i = 0; i < rows * dv; i++) ((uint16_t *)out)[b * rows * dv + i] = f32_to_bf16(o[i]);
+        else
+            memcpy((float *)out + b * rows * dv, o, (size_t)(rows * dv) * sizeof(float));
+        free(qf);
+    }
+    return failed ? -1 : 0;
+}
+
+int mla_decode_attend_bf16(const uint16_t *q, const uint16_t *keys, int64_t key_stride, const uint8_t *mask,
+                           int64_t batch, int64_t heads, int64_t t, int64_t nk, int64_t d, int64_t dv,
+                           float scale, uint16_t *out) {
+    return attend(q, keys, key_stride, mask, batch, heads, t, nk, d, dv, scale, out, 1);
+}
+
+int mla_decode_attend_f32(const float *q, const float *keys, int64_t key_stride, const uint8_t *mask,
+                          int64_t batch, int64_t heads, int64_t t, int64_t nk, int64_t d, int64_t dv,
+                          float scale, float *out) {
+    return attend(q, keys, key_stride, mask, batch, heads, t, nk, d, dv, scale, out, 0);
+}

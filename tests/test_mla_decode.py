@@ -1,0 +1,155 @@
+"""mlaq.model.mla_decode: mlaq's C kernel for the absorbed decode attention, against a float64 oracle
+(the exact softmax attention), torch's fused kernel, and itself (threads, dtypes, masks, shapes)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from mlaq.engine.compiled import _decode_kernel
+from mlaq.model.mla_decode import DecodeKernel, KernelUnavailable, load_decode_kernel
+from mlaq.model.mla_flash import flash_attend
+
+D, DV = 96, 64  # key width L+R and value width L (multiples of the kernel's 16 lanes)
+
+
+@pytest.fixture(scope="module")
+def kernel() -> DecodeKernel:
+    return load_decode_kernel()
+
+
+def operands(b: int, n: int, t: int, k: int, dtype: torch.dtype, seed: int = 0, d: int = D):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, 1, n * t, d, generator=g).to(dtype)
+    keys = torch.randn(b, k, d, generator=g).to(dtype)
+    return q, keys
+
+
+def oracle(q, keys, mask, n, scale, dv):
+    """Softmax attention in float64: (B, 1, N*T, dv). Query row h*T + i uses mask[:, i]."""
+    scores = (q.double()[:, 0] @ keys.double().transpose(1, 2)) * scale  # (B, N*T, K)
+    if mask is not None:
+        b, t, k = mask.shape
+        rows = mask[:, None].expand(b, n, t, k).reshape(b, n * t, k)
+        scores = scores.masked_fill(~rows, float("-inf"))
+    return (scores.softmax(-1) @ keys.double()[..., :dv])[:, None]
+
+
+def ragged_mask(starts: list[int], t: int, k: int) -> torch.Tensor:
+    """(B, T, K): row b's token i at position starts[b] + i sees keys 0..starts[b] + i."""
+    pos = torch.tensor(starts)[:, None] + torch.arange(t)
+    return torch.arange(k)[None, None, :] <= pos[:, :, None]
+
+
+@pytest.mark.parametrize(
+    ("b", "n", "t", "k", "masked"),
+    [
+        (3, 4, 1, 200, False),  # three blocks of 64 keys and a partial one
+        (2, 3, 1, 65, False),  # 3 query rows padded to 4; one key past a block, odd
+        (1, 2, 4, 1, False),  # a single key
+        (3, 2, 3, 150, True),  # verification (T = 3): causal within the new tokens, ragged rows
+        (2, 16, 1, 64, True),  # many heads: four groups of query rows
+    ],
+)
+def test_float32_matches_the_exact_attention(kernel, b, n, t, k, masked):
+    q, keys = operands(b, n, t, k, torch.float32)
+    mask = ragged_mask([k - t - 3 * i for i in range(b)], t, k) if masked else None
+    got = kernel.attend(q, keys, mask, n, 0.2, DV)
+    want = oracle(q, keys, mask, n, 0.2, DV)
+    assert got.shape == (b, 1, n * t, DV) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6)
+
+
+def test_bf16_is_the_exact_attention_rounded_once(kernel):
+    """Probabilities in float32 and one rounding at the end: nearly every output is the exact result
+    rounded to bf16, the rest one bf16 step from it (torch's kernel rounds the probabilities to bf16
+    before the value sum: a third of its outputs are off)."""
+    q, keys = operands(8, 4, 1, 300, torch.bfloat16, seed=1, d=576)
+    want = oracle(q, keys, None, 4, 0.05, 512)
+    got = kernel.attend(q, keys, None, 4, 0.05, 512)
+    assert got.dtype == torch.bfloat16
+    rounded = want.to(torch.bfloat16)
+    assert (got != rounded).float().mean() < 0.005
+    step = (rounded.double().abs() * 2**-7).clamp_min(2**-133)  # one bf16 ulp (at most)
+    assert ((got.double() - want).abs() <= step).all()
+    theirs = flash_attend(q, keys, None, 4, 0.05)[..., :512]
+    assert (theirs != rounded).float().mean() > 0.1  # the comparison above can tell the two apart
+
+
+def test_same_bits_on_one_thread_and_two(kernel):
+    q, keys = operands(6, 4, 1, 333, torch.bfloat16, seed=2, d=576)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel.attend(q, keys, None, 4, 0.07, 512)
+        torch.set_num_threads(2)
+        two = kernel.attend(q, keys, None, 4, 0.07, 512)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+def test_keys_read_in_place_from_a_larger_buffer(kernel):
+    """The engine's resident buffer: each row's keys are the first K positions of a longer row."""
+    q, _ = operands(3, 4, 1, 1, torch.bfloat16)
+    buffer = torch.randn(3, 90, D).to(torch.bfloat16)
+    got = kernel.attend(q, buffer[:, :70], None, 4, 0.1, DV)
+    assert torch.equal(got, kernel.attend(q, buffer[:, :70].contiguous(), None, 4, 0.1, DV))
+
+
+def test_a_masked_key_has_no_weight(kernel):
+    q, keys = operands(2, 4, 1, 130, torch.float32)
+    mask = ragged_mask([9, 129], 1, 130)
+    other = keys.clone()
+    other[0, 10:] = 1e4  # row 0 sees keys 0..9 only
+    assert torch.equal(kernel.attend(q, keys, mask, 4, 0.2, DV), kernel.attend(q, other, mask, 4, 0.2, DV))
+
+
+def test_a_row_that_sees_no_key_is_nan_as_in_torch(kernel):
+    q, keys = operands(1, 2, 1, 10, torch.float32)
+    mask = torch.zeros(1, 1, 10, dtype=torch.bool)
+    assert kernel.attend(q, keys, mask, 2, 0.2, DV).isnan().all()
+
+
+def test_large_scores_neither_overflow_nor_underflow(kernel):
+    """Online softmax: scores of +-1e4 (exp would overflow float32 without the running maximum)."""
+    q, keys = operands(2, 4, 1, 150, torch.float32)
+    got = kernel.attend(q * 100, keys, None, 4, 1.0, DV)
+    torch.testing.assert_close(got.double(), oracle(q * 100, keys, None, 4, 1.0, DV), rtol=1e-5, atol=1e-5)
+
+
+def test_operands_it_does_not_take_are_refused_clearly(kernel):
+    q, keys = operands(1, 4, 1, 20, torch.bfloat16)
+    assert not kernel.supports(q, keys.float(), DV)  # mixed dtypes
+    assert not kernel.supports(q[..., :90], keys[..., :90], DV)  # width not a multiple of 16
+    assert not kernel.supports(q, keys.transpose(1, 2).contiguous().transpose(1, 2), DV)  # columns strided
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kernel.attend(q.half(), keys.half(), None, 4, 0.1, DV)
+
+
+def test_built_once_per_source_and_compiler(kernel):
+    again = load_decode_kernel()
+    assert again.path == kernel.path and kernel.path.exists()
+    assert not list(kernel.path.parent.glob(f".{kernel.path.name}.*"))  # no partial build left behind
+
+
+def test_without_a_compiler_auto_falls_back_to_torch_and_says_why(monkeypatch, caplog):
+    def missing(compiler=None):
+        raise KernelUnavailable("no C compiler 'cc' on PATH")
+
+    monkeypatch.setattr("mlaq.engine.compiled.load_decode_kernel", missing)
+    with caplog.at_level(logging.WARNING, logger="mlaq.engine"):
+        assert _decode_kernel("auto") is None
+    assert "no C compiler" in caplog.text
+    with pytest.raises(KernelUnavailable, match="no C compiler"):
+        _decode_kernel("mlaq")
+    assert _decode_kernel("torch") is None
+    with pytest.raises(ValueError, match="auto, mlaq, torch"):
+        _decode_kernel("flash")
+
+
+def test_a_missing_compiler_is_named():
+    with pytest.raises(KernelUnavailable, match="no-such-cc"):
+        load_decode_kernel("no-such-cc")
