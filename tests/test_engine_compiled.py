@@ -167,3 +167,28 @@ def test_compiled_pieces_are_guarded_on_their_inputs_only(checkpoint):
         layer.self_attn.o_proj.weight.requires_grad_(True)
     assert tokens(llm, PROMPTS[:1]) == want
     assert counters["stats"]["unique_graphs"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_attention_kernels_give_eager_tokens(checkpoint, monkeypatch, dtype):
+    """``attention="mlaq"`` (mlaq's C kernel: decode, verification and a lone prompt's causal prefill)
+    and ``attention="torch"`` (torch's fused kernel): eager's greedy tokens, plain and with MTP."""
+    from mlaq.model.mla_kernel import MlaKernel
+
+    calls: list[str] = []
+    for name in ("attend", "prefill"):
+        real = getattr(MlaKernel, name)
+        monkeypatch.setattr(
+            MlaKernel, name, lambda self, *a, _r=real, _n=name: calls.append(_n) or _r(self, *a)
+        )
+    spec = {"method": "mtp", "num_speculative_tokens": 2}
+    for attention in ("mlaq", "torch"):
+        calls.clear()
+        model = CompiledLatentLM(
+            load_model(checkpoint, dtype=dtype), backend="aot_eager", attention=attention
+        )
+        assert (model.kernel is not None) == (attention == "mlaq")
+        want = tokens(LLM(checkpoint, max_model_len=64, dtype=dtype), PROMPTS[:1])
+        assert tokens(LLM(model, max_model_len=64), PROMPTS[:1]) == want
+        assert tokens(LLM(model, max_model_len=64, speculative_config=spec), PROMPTS[:1]) == want
+        assert ({"attend", "prefill"} <= set(calls)) == (attention == "mlaq")

@@ -7,12 +7,13 @@ the absorbed BMMs, o_proj, MLP / MoE, lm_head) run compiled, inductor fusing the
 kernels around the GEMMs; the attention itself runs eagerly between them: each layer writes its new
 latents into the runner's resident buffer (``mlaq.engine.resident``, held in the compute dtype here)
 and attends over it in place, the cache read once with an online softmax as FlashMLA computes, in
-mlaq's own C kernel (``mlaq.model.mla_decode``, ``attention="mlaq"``; about twice torch's speed at
+mlaq's own C kernel (``mlaq.model.mla_kernel``, ``attention="mlaq"``; about twice torch's speed at
 batch 32) or torch's fused CPU attention kernel (``mlaq.model.mla_flash``, ``attention="torch"``). The absorbed BMMs keep their scheme's
 exact emulation, whatever the scheme: inside the pieces for the schemes inductor reproduces bit for
 bit (``BmmScheme.compiles_exactly``: bf16, fp32, the FP8 and MXFP4 schemes), eagerly beside the
 attention for the rest. vLLM's piecewise graphs cut its steps at attention the same way. Prompts
-(prefill) stay eager: they run once per request and their lengths vary.
+(prefill) stay eager: they run once per request and their lengths vary; their causal attention runs in
+the same kernel as decode (mlaq's: ``MLAttention.prefill_kernel``).
 
 The pieces never see the cache length, so a growing cache never recompiles; batch size and T (the
 tokens per row) are specialized at first and made dynamic by dynamo when they change (a handful of
@@ -45,8 +46,8 @@ from torch import Tensor
 from mlaq.engine.adapter import DeepseekLatentLM, GatheredCache
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
-from mlaq.model.mla_decode import DecodeKernel, KernelUnavailable, load_decode_kernel
 from mlaq.model.mla_flash import flash_attend, flash_output, flash_queries
+from mlaq.model.mla_kernel import KernelUnavailable, MlaKernel, load_kernel
 from mlaq.model.step import StepPositions
 from mlaq.model.step_pieces import Projected, StepPieces
 
@@ -70,10 +71,12 @@ class CompiledLatentLM(DeepseekLatentLM):
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build).
         ``fold_bmms=False``: the absorbed BMMs run eagerly beside the attention whatever the scheme
         (``bench/compiled_ab.py --against unfolded``). ``attention``: the kernel over the cache,
-        "mlaq" (``mlaq.model.mla_decode``; an error where it cannot be built), "torch" (torch's fused
+        "mlaq" (``mlaq.model.mla_kernel``; an error where it cannot be built), "torch" (torch's fused
         kernel) or "auto" (mlaq's where it builds, else torch's, with a warning saying why)."""
         super().__init__(model)
-        self.kernel = _decode_kernel(attention)  # None: torch's kernel
+        self.kernel = _attention_kernel(attention)  # None: torch's kernel
+        for layer in model.model.layers:  # prompts (eager, naive path) attend in the same kernel
+            layer.self_attn.prefill_kernel = self.kernel
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
         pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms)
         n = model.config.num_hidden_layers
@@ -169,14 +172,14 @@ class CompiledLatentLM(DeepseekLatentLM):
         return flash_attend(q, keys, mask, n, scale)
 
 
-def _decode_kernel(attention: str) -> DecodeKernel | None:
+def _attention_kernel(attention: str) -> MlaKernel | None:
     """``CompiledLatentLM``'s ``attention`` choice -> mlaq's loaded kernel, or None for torch's."""
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
     if attention == "torch":
         return None
     try:
-        return load_decode_kernel()
+        return load_kernel()
     except KernelUnavailable as e:
         if attention == "mlaq":
             raise

@@ -37,6 +37,7 @@ from mlaq.model.mla_core import (
     attention_mask,
     naive_attention,
 )
+from mlaq.model.mla_kernel import MlaKernel
 from mlaq.model.norm import RMSNorm
 from mlaq.model.rope import expand_cos_sin, rotate
 
@@ -89,6 +90,8 @@ class MLAttention(nn.Module):
         self.rope = c.rope
         self.softmax_scale = c.softmax_scale  # computed once (a property of the config)
         self._absorbed: AbsorbedWeights | None = None  # plain attribute: not in state_dict
+        # causal prefill (naive path) in mlaq's C kernel instead of torch's (``compile=True`` sets it)
+        self.prefill_kernel: MlaKernel | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -233,7 +236,8 @@ class MLAttention(nn.Module):
             )
         scale = self.softmax_scale
         if path is AttnPath.NAIVE:
-            o = naive_attention(q_nope, q_pe, keys, mask, self.naive_kv_b(), scale, causal=causal)
+            kv_b, kernel = self.naive_kv_b(), self.prefill_kernel
+            o = naive_attention(q_nope, q_pe, keys, mask, kv_b, scale, causal=causal, kernel=kernel)
         elif path is AttnPath.ABSORBED:
             o = absorbed_attention(q_nope, q_pe, keys, mask, self._checked_absorbed(), scale)
         else:

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
 from mlaq.model.linear import linear, native_low_precision_gemm
+
+if TYPE_CHECKING:
+    from mlaq.model.mla_kernel import MlaKernel
 
 
 class Precision(Enum):
@@ -156,6 +160,7 @@ def naive_attention(
     scale: float,
     *,
     causal: bool = False,
+    kernel: MlaKernel | None = None,
 ) -> Tensor:
     """Decompress every key: K_nope = W_UK c_kv, V = W_UV c_kv; ordinary attention. -> (B, T, N, V).
 
@@ -168,6 +173,8 @@ def naive_attention(
     the blocks above the diagonal). Rows that see no key (possible only under a DSA key mask) take
     the unfused path, which gives them zeros. ``causal=True``: the caller knows ``mask`` is exactly
     the square causal mask (``is_causal``), and the check over its T x K entries is skipped.
+    ``kernel``: causal attention runs in mlaq's C kernel instead (``mla_kernel``, ``compile=True``'s
+    choice; V unpadded, probabilities in float32).
     """
     b, _, n, p = q_nope.shape
     lora = kv_b.shape[1]
@@ -180,9 +187,11 @@ def naive_attention(
         k_pe_heads = k_pe[:, :, None, :].expand(-1, -1, n, -1)  # the shared rope key, every head
         k = torch.cat((k_nope, k_pe_heads), dim=-1).transpose(1, 2)  # (B, N, K, P+R)
         vh = v.transpose(1, 2)  # (B, N, K, V)
+        causal = causal or is_causal(mask)
+        if causal and kernel is not None and kernel.prefills(q, k, vh):
+            return kernel.prefill(q, k, vh, scale).transpose(1, 2)  # (B, T, N, V)
         if vh.shape[-1] != q.shape[-1]:  # torch's CPU flash kernel needs V's head dim = QK's
             vh = torch.nn.functional.pad(vh, (0, q.shape[-1] - vh.shape[-1]))  # zero columns
-        causal = causal or is_causal(mask)
         attn_mask = None if mask is None or causal else mask[:, None, :, :]  # (B, 1, T, K)
         o = torch.nn.functional.scaled_dot_product_attention(
             q, k, vh, attn_mask=attn_mask, is_causal=causal, scale=scale

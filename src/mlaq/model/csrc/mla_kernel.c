@@ -1,11 +1,13 @@
-/* MLA's absorbed decode attention over the latent cache: one pass over each row's keys, in C.
+/* MLA's attention on a CPU, in C: one pass over each row's keys (decode over the latent cache, and
+ * causal prefill over decompressed keys).
  *
- * Built and loaded by mlaq/model/mla_decode.py (read that first). For each batch row b and each folded
- * query row r (= head h * T + token i), over the row's K keys (each D = L+R wide; the first DV = L
- * columns are also the values):
+ * Built and loaded by mlaq/model/mla_kernel.py (read that first). For each batch row b and each folded
+ * query row r (= head h * T + token i), over the row's K keys (each D wide) and values (each DV wide;
+ * decode: the keys' first DV = L columns):
  *
- *     s[r,k] = dot(q[r], key[k]) * scale        (float32; -inf where the mask hides key k)
- *     o[r]   = sum_k exp(s[r,k] - m) * key[k][:DV]  /  sum_k exp(s[r,k] - m),   m = max_k s[r,k]
+ *     s[r,k] = dot(q[r], key[k]) * scale        (float32; -inf where the mask hides key k, or, causal,
+ *                                                where k > K - T + i: token i sees keys up to its own)
+ *     o[r]   = sum_k exp(s[r,k] - m) * value[k]  /  sum_k exp(s[r,k] - m),   m = max_k s[r,k]
  *
  * with FlashAttention's online softmax over blocks of BLOCK keys (a block that raises the running
  * maximum rescales what was summed so far), probabilities kept in float32. The arithmetic is exactly
@@ -14,9 +16,10 @@
  * told to, so the result is the same bits on every x86-64 CPU, at every vector width and thread count
  * (one thread computes a whole batch row). Specifically:
  * - a dot product is LANES interleaved chains of fused multiply-adds (lane l takes elements l, l+LANES,
- *   ...), then the lanes summed pairwise (fold());
+ *   ...), then the lanes summed pairwise (fold8());
  * - exp is exp_f32() (Cephes' expf, ~1 ulp);
- * - a value sum runs over keys in order, one fused multiply-add per key and column;
+ * - a value sum runs over keys in order, one fused multiply-add per key and column (blocks no query
+ *   row of a group sees are skipped: adding their zero probabilities would change no bit);
  * - bf16 operands are widened exactly; a bf16 output is rounded to nearest even once, at the end. */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -29,13 +32,13 @@
 #define LANES 16 /* lanes of a vector; D and DV must be multiples (checked in Python) */
 #define BLOCK 64 /* keys per online-softmax block */
 #define ROWS 4   /* query rows computed together (the batch row's rows are padded to a multiple) */
+#define CHUNK 64 /* query rows that go over all the keys before the next rows do (a multiple of ROWS) */
 
 /* LANES floats as one value, kept in vector registers (one zmm with AVX-512, two ymm with AVX2). */
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef uint16_t vec_u16 __attribute__((vector_size(LANES * sizeof(uint16_t))));
 typedef uint32_t vec_u32 __attribute__((vector_size(LANES * sizeof(uint32_t))));
 typedef float half8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float half4 __attribute__((vector_size(4 * sizeof(float))));
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -86,13 +89,22 @@ static inline vec vfma(vec a, vec b, vec c) {
 #endif
 }
 
-/* The lanes' sum, pairwise: lane l + 8 onto lane l, then l + 4, l + 2, l + 1. */
-static inline float fold(vec v) {
-    half8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-    a += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    half4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    float c0 = b[0] + b[2], c1 = b[1] + b[3];
-    return c0 + c1;
+/* The lanes' sums of eight vectors at once, each pairwise: lane l + 8 onto lane l, then l + 4, l + 2,
+ * l + 1 (each level pairs two vectors' halves into one vector: the same additions as folding each
+ * vector alone, an eighth of the instructions). -> {sum(v[0]), ..., sum(v[7])}. */
+static inline half8 fold8(const vec v[8]) {
+    vec x[4], z[2];
+    for (int i = 0; i < 4; i++) /* lanes 0-7: v[2i]'s l + (l + 8); lanes 8-15: v[2i+1]'s */
+        x[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++) /* four lanes each of v[4i .. 4i+3]: l + (l + 4) */
+        z[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(x[2 * i], x[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    vec u = /* two lanes each of v[0 .. 7]: l + (l + 2) */
+        __builtin_shufflevector(z[0], z[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+        __builtin_shufflevector(z[0], z[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(u, u, 0, 2, 4, 6, 8, 10, 12, 14) + /* l + (l + 1) */
+           __builtin_shufflevector(u, u, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
 /* exp(x) for x <= 0 (scores minus their running maximum): Cephes' expf. x = n ln2 + r, |r| <= ln2/2,
@@ -128,19 +140,20 @@ static inline __attribute__((always_inline)) void dots(const float *q, const voi
         a0 = vfma(q0, x, a0), b0 = vfma(q0, y, b0), a1 = vfma(q1, x, a1), b1 = vfma(q1, y, b1);
         a2 = vfma(q2, x, a2), b2 = vfma(q2, y, b2), a3 = vfma(q3, x, a3), b3 = vfma(q3, y, b3);
     }
-    s[0][0] = fold(a0), s[1][0] = fold(a1), s[2][0] = fold(a2), s[3][0] = fold(a3);
-    s[0][1] = fold(b0), s[1][1] = fold(b1), s[2][1] = fold(b2), s[3][1] = fold(b3);
+    const vec all[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
+    half8 sums = fold8(all);
+    for (int r = 0; r < ROWS; r++) s[r][0] = sums[r], s[r][1] = sums[ROWS + r];
 }
 
-/* o[r][:dv] += sum over the block's keys j, in order, of p[r][j] * key j [:dv], for ROWS rows (stride dv)
+/* o[r][:dv] += sum over the block's keys j, in order, of p[r][j] * value j, for ROWS rows (stride dv)
  * whose probabilities are p[r * BLOCK + j]: LANES columns of all rows in registers across the block. */
-static inline __attribute__((always_inline)) void accumulate(float *o, const float *p, const char *keys,
+static inline __attribute__((always_inline)) void accumulate(float *o, const float *p, const char *values,
                                                              int64_t row_bytes, int bf16, int64_t nk,
                                                              int64_t dv) {
     for (int64_t c = 0; c < dv; c += LANES) {
         vec a0 = load(o + c), a1 = load(o + dv + c), a2 = load(o + 2 * dv + c), a3 = load(o + 3 * dv + c);
         for (int64_t j = 0; j < nk; j++) {
-            vec v = load_key(keys + j * row_bytes, c, bf16);
+            vec v = load_key(values + j * row_bytes, c, bf16);
             a0 = vfma(splat(p[j]), v, a0), a1 = vfma(splat(p[BLOCK + j]), v, a1);
             a2 = vfma(splat(p[2 * BLOCK + j]), v, a2), a3 = vfma(splat(p[3 * BLOCK + j]), v, a3);
         }
@@ -150,12 +163,13 @@ static inline __attribute__((always_inline)) void accumulate(float *o, const flo
 
 /* One block of nk keys for ROWS query rows: p[r][j] = exp(s[r][j] - new maximum) (0 where masked), each
  * row's running maximum and sum updated, o[r] rescaled by exp(old maximum - new maximum). `visible`:
- * the mask rows (t of them, stride nk_total, offset to the block) or NULL; row r uses mask row r % t.
- * `next`: the next block's first key (prefetched into L2 while this one computes) or NULL. */
+ * the mask rows (t of them, stride nk_total, offset to the block) or NULL; row r uses mask row r % t;
+ * `causal`: row r sees keys up to nk_total - t + r % t. `next`: the next block's first key (prefetched
+ * into L2 while this one computes) or NULL. */
 static inline __attribute__((always_inline)) void block_softmax(
-    const float *q, const char *keys, int64_t row_bytes, int bf16, const uint8_t *visible, int64_t r0,
-    int64_t t, int64_t nk, int64_t nk_total, int64_t d, int64_t dv, float scale, float *o, float *p,
-    float *run_max, float *run_sum, const char *next) {
+    const float *q, const char *keys, int64_t row_bytes, int bf16, const uint8_t *visible, int causal,
+    int64_t r0, int64_t t, int64_t first, int64_t nk, int64_t nk_total, int64_t d, int64_t dv, float scale,
+    float *o, float *p, float *run_max, float *run_sum, const char *next) {
     float s[ROWS][2];
     for (int64_t j = 0; j < nk; j += 2) {
         if (next)
@@ -168,8 +182,9 @@ static inline __attribute__((always_inline)) void block_softmax(
     for (int r = 0; r < ROWS; r++) {
         float *pr = p + r * BLOCK, block_max = -INFINITY;
         const uint8_t *shown = visible ? visible + ((r0 + r) % t) * nk_total : NULL;
+        int64_t last = causal ? nk_total - t + (r0 + r) % t - first : nk; /* the last key it sees, in block */
         for (int64_t j = 0; j < nk; j++) {
-            if (shown && !shown[j]) pr[j] = -INFINITY;
+            if ((shown && !shown[j]) || j > last) pr[j] = -INFINITY;
             block_max = pr[j] > block_max ? pr[j] : block_max;
         }
         float m = run_max[r0 + r], new_max = block_max > m ? block_max : m;
@@ -187,36 +202,50 @@ static inline __attribute__((always_inline)) void block_softmax(
     }
 }
 
+/* The largest token index (r % t) among rows r0 .. r0 + ROWS - 1. */
+static inline int64_t last_token(int64_t r0, int64_t t) {
+    int64_t m = 0;
+    for (int64_t r = r0; r < r0 + ROWS; r++) m = r % t > m ? r % t : m;
+    return m;
+}
+
 /* One batch row: q (rows, d) float32, rows a multiple of ROWS (padding rows zero), keys (nk, d) rows of
- * row_bytes each, mask (t, nk) or NULL -> o (rows, dv) float32. */
+ * key_bytes each, values (nk, dv) rows of value_bytes each, mask (t, nk) or NULL -> o (rows, dv) float32. */
 static inline __attribute__((always_inline)) void attend_row(
-    const float *q, const char *keys, int64_t row_bytes, int bf16, const uint8_t *mask, int64_t rows,
-    int64_t t, int64_t nk_total, int64_t d, int64_t dv, float scale, float *o, float *p, float *run_max,
-    float *run_sum) {
+    const float *q, const char *keys, int64_t key_bytes, const char *values, int64_t value_bytes, int bf16,
+    const uint8_t *mask, int causal, int64_t rows, int64_t t, int64_t nk_total, int64_t d, int64_t dv,
+    float scale, float *o, float *p, float *run_max, float *run_sum) {
     for (int64_t r = 0; r < rows; r++) run_max[r] = -INFINITY, run_sum[r] = 0.0f;
     memset(o, 0, (size_t)(rows * dv) * sizeof(float));
-    for (int64_t first = 0; first < nk_total; first += BLOCK) {
-        int64_t nk = nk_total - first < BLOCK ? nk_total - first : BLOCK;
-        const char *block = keys + first * row_bytes;
-        const char *next = first + BLOCK < nk_total ? block + BLOCK * row_bytes : NULL;
-        const uint8_t *visible = mask ? mask + first : NULL;
-        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-            block_softmax(q + r0 * d, block, row_bytes, bf16, visible, r0, t, nk, nk_total, d, dv, scale,
-                          o + r0 * dv, p, run_max, run_sum, r0 == 0 ? next : NULL);
-            accumulate(o + r0 * dv, p, block, row_bytes, bf16, nk, dv);
+    for (int64_t c0 = 0; c0 < rows; c0 += CHUNK) { /* CHUNK rows' q and o stay in L2 over all the keys */
+        int64_t c1 = c0 + CHUNK < rows ? c0 + CHUNK : rows;
+        for (int64_t first = 0; first < nk_total; first += BLOCK) {
+            int64_t nk = nk_total - first < BLOCK ? nk_total - first : BLOCK;
+            const char *block = keys + first * key_bytes;
+            const char *next = first + BLOCK < nk_total ? block + BLOCK * key_bytes : NULL;
+            const uint8_t *visible = mask ? mask + first : NULL;
+            for (int64_t r0 = c0; r0 < c1; r0 += ROWS) {
+                if (causal && first > nk_total - t + last_token(r0, t)) continue; /* no row of it sees it */
+                block_softmax(q + r0 * d, block, key_bytes, bf16, visible, causal, r0, t, first, nk, nk_total,
+                              d, dv, scale, o + r0 * dv, p, run_max, run_sum, r0 == c0 ? next : NULL);
+                accumulate(o + r0 * dv, p, values + first * value_bytes, value_bytes, bf16, nk, dv);
+            }
         }
     }
     for (int64_t r = 0; r < rows; r++) /* a row that saw no key (all masked) is 0 / 0 = NaN */
         for (int64_t c = 0; c < dv; c++) o[r * dv + c] = o[r * dv + c] / run_sum[r];
 }
 
-/* q (B, heads*t, d), keys of batch row b at keys + b * key_stride elements ((nk, d) rows, contiguous),
- * mask (B, t, nk) or NULL, out (B, heads*t, dv), all bf16 or all float32. Returns 0, or -1 when a
- * scratch buffer could not be allocated. Batch rows run in parallel (OpenMP) when there is work enough. */
+/* q (B, heads*t, d); keys of batch row b at keys + b * key_stride elements ((nk, d) rows, contiguous);
+ * its values at values + b * value_stride ((nk, dv) rows, value_row elements apart); mask (B, t, nk) or
+ * NULL; out (B, heads*t, dv); all bf16 or all float32. Returns 0, or -1 when a scratch buffer could not
+ * be allocated. Batch rows run in parallel (OpenMP) when there is work enough. */
 static inline __attribute__((always_inline)) int attend(const void *q, const void *keys, int64_t key_stride,
-                                                        const uint8_t *mask, int64_t batch, int64_t heads,
-                                                        int64_t t, int64_t nk, int64_t d, int64_t dv,
-                                                        float scale, void *out, int bf16) {
+                                                        const void *values, int64_t value_stride,
+                                                        int64_t value_row, const uint8_t *mask, int causal,
+                                                        int64_t batch, int64_t heads, int64_t t, int64_t nk,
+                                                        int64_t d, int64_t dv, float scale, void *out,
+                                                        int bf16) {
     int64_t rows = heads * t, padded = (rows + ROWS - 1) / ROWS * ROWS;
     int64_t size = bf16 ? 2 : 4;
     int failed = 0;
@@ -232,8 +261,10 @@ static inline __attribute__((always_inline)) int attend(const void *q, const voi
         for (int64_t i = 0; i < rows * d; i++)
             qf[i] = bf16 ? bf16_to_f32(((const uint16_t *)q)[b * rows * d + i]) : ((const float *)q)[b * rows * d + i];
         const char *row_keys = (const char *)keys + b * key_stride * size;
+        const char *row_values = (const char *)values + b * value_stride * size;
         const uint8_t *row_mask = mask ? mask + b * t * nk : NULL;
-        attend_row(qf, row_keys, d * size, bf16, row_mask, padded, t, nk, d, dv, scale, o, p, run_max, run_sum);
+        attend_row(qf, row_keys, d * size, row_values, value_row * size, bf16, row_mask, causal, padded, t, nk,
+                   d, dv, scale, o, p, run_max, run_sum);
         if (bf16)
             for (int64_t i = 0; i < rows * dv; i++) ((uint16_t *)out)[b * rows * dv + i] = f32_to_bf16(o[i]);
         else
@@ -243,14 +274,16 @@ static inline __attribute__((always_inline)) int attend(const void *q, const voi
     return failed ? -1 : 0;
 }
 
-int mla_decode_attend_bf16(const uint16_t *q, const uint16_t *keys, int64_t key_stride, const uint8_t *mask,
-                           int64_t batch, int64_t heads, int64_t t, int64_t nk, int64_t d, int64_t dv,
-                           float scale, uint16_t *out) {
-    return attend(q, keys, key_stride, mask, batch, heads, t, nk, d, dv, scale, out, 1);
+int mla_attend_bf16(const uint16_t *q, const uint16_t *keys, int64_t key_stride, const uint16_t *values,
+                    int64_t value_stride, int64_t value_row, const uint8_t *mask, int causal, int64_t batch,
+                    int64_t heads, int64_t t, int64_t nk, int64_t d, int64_t dv, float scale, uint16_t *out) {
+    return attend(q, keys, key_stride, values, value_stride, value_row, mask, causal, batch, heads, t, nk, d, dv,
+                  scale, out, 1);
 }
 
-int mla_decode_attend_f32(const float *q, const float *keys, int64_t key_stride, const uint8_t *mask,
-                          int64_t batch, int64_t heads, int64_t t, int64_t nk, int64_t d, int64_t dv,
-                          float scale, float *out) {
-    return attend(q, keys, key_stride, mask, batch, heads, t, nk, d, dv, scale, out, 0);
+int mla_attend_f32(const float *q, const float *keys, int64_t key_stride, const float *values,
+                   int64_t value_stride, int64_t value_row, const uint8_t *mask, int causal, int64_t batch,
+                   int64_t heads, int64_t t, int64_t nk, int64_t d, int64_t dv, float scale, float *out) {
+    return attend(q, keys, key_stride, values, value_stride, value_row, mask, causal, batch, heads, t, nk, d, dv,
+                  scale, out, 0);
 }

@@ -1,4 +1,4 @@
-"""mlaq.model.mla_decode: mlaq's C kernel for the absorbed decode attention, against a float64 oracle
+"""mlaq.model.mla_kernel: mlaq's C kernel for the absorbed decode attention, against a float64 oracle
 (the exact softmax attention), torch's fused kernel, and itself (threads, dtypes, masks, shapes)."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import logging
 import pytest
 import torch
 
-from mlaq.engine.compiled import _decode_kernel
-from mlaq.model.mla_decode import DecodeKernel, KernelUnavailable, load_decode_kernel
+from mlaq.engine.compiled import _attention_kernel
 from mlaq.model.mla_flash import flash_attend
+from mlaq.model.mla_kernel import KernelUnavailable, MlaKernel, load_kernel
 
 D, DV = 96, 64  # key width L+R and value width L (multiples of the kernel's 16 lanes)
 
 
 @pytest.fixture(scope="module")
-def kernel() -> DecodeKernel:
-    return load_decode_kernel()
+def kernel() -> MlaKernel:
+    return load_kernel()
 
 
 def operands(b: int, n: int, t: int, k: int, dtype: torch.dtype, seed: int = 0, d: int = D):
@@ -130,7 +130,7 @@ def test_operands_it_does_not_take_are_refused_clearly(kernel):
 
 
 def test_built_once_per_source_and_compiler(kernel):
-    again = load_decode_kernel()
+    again = load_kernel()
     assert again.path == kernel.path and kernel.path.exists()
     assert not list(kernel.path.parent.glob(f".{kernel.path.name}.*"))  # no partial build left behind
 
@@ -139,17 +139,100 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_says_why(monkeypatch, c
     def missing(compiler=None):
         raise KernelUnavailable("no C compiler 'cc' on PATH")
 
-    monkeypatch.setattr("mlaq.engine.compiled.load_decode_kernel", missing)
+    monkeypatch.setattr("mlaq.engine.compiled.load_kernel", missing)
     with caplog.at_level(logging.WARNING, logger="mlaq.engine"):
-        assert _decode_kernel("auto") is None
+        assert _attention_kernel("auto") is None
     assert "no C compiler" in caplog.text
     with pytest.raises(KernelUnavailable, match="no C compiler"):
-        _decode_kernel("mlaq")
-    assert _decode_kernel("torch") is None
+        _attention_kernel("mlaq")
+    assert _attention_kernel("torch") is None
     with pytest.raises(ValueError, match="auto, mlaq, torch"):
-        _decode_kernel("flash")
+        _attention_kernel("flash")
 
 
 def test_a_missing_compiler_is_named():
     with pytest.raises(KernelUnavailable, match="no-such-cc"):
-        load_decode_kernel("no-such-cc")
+        load_kernel("no-such-cc")
+
+
+def prefill_oracle(q, keys, values, scale):
+    """Causal attention in float64, token i of T seeing keys 0 .. K - T + i: (B, N, T, V)."""
+    t, k = q.shape[2], keys.shape[2]
+    scores = (q.double() @ keys.double().transpose(-1, -2)) * scale
+    hidden = torch.arange(k)[None, :] > (k - t + torch.arange(t))[:, None]
+    return scores.masked_fill(hidden, float("-inf")).softmax(-1) @ values.double()
+
+
+@pytest.mark.parametrize(("t", "k"), [(130, 130), (37, 100), (1, 64)])
+def test_prefill_matches_the_exact_causal_attention(kernel, t, k):
+    """Square (a prompt) and T < K (new tokens after cached ones: bottom-right causal)."""
+    g = torch.Generator().manual_seed(3)
+    q, keys = torch.randn(2, 3, t, 48, generator=g), torch.randn(2, 3, k, 48, generator=g)
+    values = torch.randn(2, 3, k, 32, generator=g)
+    got = kernel.prefill(q, keys, values, 0.15)
+    assert got.shape == (2, 3, t, 32)
+    torch.testing.assert_close(got.double(), prefill_oracle(q, keys, values, 0.15), rtol=2e-6, atol=2e-6)
+
+
+def test_prefill_takes_strided_operands_and_bf16(kernel):
+    """The naive path hands it transposed views (B, N, T, D) of (B, T, N, D) tensors."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 70, 4, 64, generator=g).to(torch.bfloat16).transpose(1, 2)
+    keys = torch.randn(2, 70, 4, 64, generator=g).to(torch.bfloat16).transpose(1, 2)
+    values = torch.randn(2, 70, 4, 32, generator=g).to(torch.bfloat16).transpose(1, 2)
+    got = kernel.prefill(q, keys, values, 0.125)
+    want = prefill_oracle(q, keys, values, 0.125)
+    assert got.dtype == torch.bfloat16
+    assert (got != want.to(torch.bfloat16)).float().mean() < 0.01
+    assert kernel.prefills(q, keys, values)
+    long = torch.zeros(1, 1, 1025, 64, dtype=torch.bfloat16)
+    assert not kernel.prefills(long, long, long[..., :32])  # past PREFILL_MAX_KEYS: torch's kernel
+
+
+def test_the_naive_path_prefills_in_it_when_given(kernel):
+    """``MLAttention.prefill_kernel``: a prompt's causal attention through mlaq's kernel agrees with
+    torch's flash kernel to a bf16 rounding."""
+    from mlaq.model.mla_core import naive_attention
+
+    g = torch.Generator().manual_seed(5)
+    n, p, r, lora, v, t = 4, 32, 16, 64, 32, 40
+    q_nope = torch.randn(1, t, n, p, generator=g).to(torch.bfloat16)
+    q_pe = torch.randn(1, t, n, r, generator=g).to(torch.bfloat16)
+    keys = torch.randn(1, t, lora + r, generator=g).to(torch.bfloat16)
+    kv_b = (torch.randn(n * (p + v), lora, generator=g) / 8).to(torch.bfloat16)
+    mine = naive_attention(q_nope, q_pe, keys, None, kv_b, 0.1, causal=True, kernel=kernel)
+    theirs = naive_attention(q_nope, q_pe, keys, None, kv_b, 0.1, causal=True)
+    assert mine.shape == theirs.shape == (1, t, n, v)
+    assert not torch.equal(mine, theirs)  # it did run (the two round differently)
+    torch.testing.assert_close(mine.float(), theirs.float(), rtol=2**-6, atol=2**-6)
+
+
+def test_the_bits_are_pinned(kernel):
+    """The arithmetic is fixed by the source (no reassociation, no contraction the source does not
+    write): these operands give these bits on every CPU and thread count. A change of the kernel's
+    arithmetic (or a compiler that reorders it) changes the digest."""
+    import hashlib
+
+    q, keys = operands(3, 4, 2, 150, torch.bfloat16, seed=7, d=576)
+    mask = ragged_mask([147, 100, 60], 2, 150)
+    decode = kernel.attend(q, keys, mask, 4, 0.0625, 512)
+    g = torch.Generator().manual_seed(8)
+    pq, pk, pv = (torch.randn(1, 2, 90, w, generator=g).to(torch.bfloat16) for w in (192, 192, 128))
+    prefill = kernel.prefill(pq, pk, pv, 0.07)
+    digest = hashlib.sha256(
+        decode.view(torch.int16).numpy().tobytes() + prefill.view(torch.int16).numpy().tobytes()
+    )
+    assert digest.hexdigest()[:16] == PINNED
+
+
+PINNED = "2f6b0cd686d69e7e"
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v2"])
+def test_the_same_bits_from_another_instruction_set(march):
+    """AVX2 (two ymm per vector) and SSE4 without FMA hardware (fmaf in software): the pinned bits."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("x86-64 instruction sets")
+    test_the_bits_are_pinned(load_kernel(march=march))

