@@ -45,6 +45,9 @@ def timed(fn: Any, repeats: int) -> tuple[float, Any]:
     return best, out
 
 
+VLLM_CPU_MLA_BATCHED_TOKENS = 2048  # vllm.config.scheduler.SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
 # ---- vLLM ------------------------------------------------------------------------------------------
 class VllmEngine:
     def __init__(self, job: dict[str, Any], k: int, max_len: int, max_seqs: int) -> None:
@@ -120,6 +123,9 @@ class MlaqEngine:
             dtype=getattr(torch, job["dtype"]),
             max_model_len=max_len,
             max_num_seqs=max_seqs,
+            # vLLM-CPU's for MLA models (chunked prefill off): max(max_model_len, 2048) prompt tokens a
+            # step (its log: "MLA is enabled on a non-GPU platform"); both engines batch prompts alike
+            max_num_batched_tokens=max(max_len, VLLM_CPU_MLA_BATCHED_TOKENS),
             speculative_config=spec,
             compile=compile,
         )

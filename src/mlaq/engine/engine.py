@@ -52,6 +52,7 @@ class EngineConfig:
     max_position_embeddings: int | None = (
         None  # the model's context, for advice on a prompt that does not fit
     )
+    max_num_batched_tokens: int | None = None  # prompt tokens prefilled in one step; None: max_model_len
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_dtype", KVCacheDtype.parse(self.kv_cache_dtype))
@@ -114,7 +115,12 @@ class LLMEngine:
             config.kv_cache_scale,
             tuple(g.extra_dim(i) for i in range(g.num_layers + (1 if self.k else 0))),
         )
-        sched = SchedulerConfig(config.max_num_seqs, config.max_model_len, num_lookahead_slots=self.k)
+        sched = SchedulerConfig(
+            config.max_num_seqs,
+            config.max_model_len,
+            num_lookahead_slots=self.k,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
         self.scheduler = Scheduler(sched, blocks)
         self.runner = ModelRunner(model, LatentKVCache(cache_config), blocks, use_mtp=bool(self.k))
         self._seeds = torch.Generator().manual_seed(config.seed)

