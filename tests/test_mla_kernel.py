@@ -236,3 +236,11 @@ def test_the_same_bits_from_another_instruction_set(march):
     if platform.machine() != "x86_64":
         pytest.skip("x86-64 instruction sets")
     test_the_bits_are_pinned(load_kernel(march=march))
+
+
+def test_a_nan_in_the_cache_reaches_the_output(kernel):
+    """Not hidden as a zero probability: the rows that see a NaN key are NaN, the others are not."""
+    q, keys = operands(2, 4, 1, 100, torch.float32)
+    keys[0, 37, 5] = float("nan")
+    got = kernel.attend(q, keys, None, 4, 0.2, DV)
+    assert got[0].isnan().all() and not got[1].isnan().any()

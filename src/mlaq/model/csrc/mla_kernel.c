@@ -108,9 +108,11 @@ static inline half8 fold8(const vec v[8]) {
 }
 
 /* exp(x) for x <= 0 (scores minus their running maximum): Cephes' expf. x = n ln2 + r, |r| <= ln2/2,
- * exp(r) by its polynomial, times 2^n built in the exponent bits; 0 at and below -87.3 (also -inf). */
+ * exp(r) by its polynomial, times 2^n built in the exponent bits; 0 at and below -87.3 (also -inf); a NaN
+ * (a NaN in the keys or queries) stays NaN, so it reaches the output as in torch's kernels. */
 static inline float exp_f32(float x) {
     const float big = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer (nearest even) */
+    if (x != x) return x;
     if (!(x > -87.3f)) return 0.0f;
     float n = (x * 1.44269504088896341f + big) - big;
     float r = x - n * 0.693359375f;
