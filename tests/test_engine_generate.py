@@ -281,3 +281,15 @@ def test_dtype_takes_vllms_names() -> None:
         resolve_dtype("bf16")
     with pytest.raises(ValueError, match="dtype 'int8'"):
         LLM("does-not-matter", dtype="int8")  # refused before anything is loaded
+
+
+def test_max_num_batched_tokens_batches_prompts_without_changing_tokens():
+    """vLLM's knob: how many prompt tokens one prefill step takes (default max_model_len)."""
+    params = SamplingParams(temperature=0, max_tokens=3)
+    apart, small = run(PROMPTS, params, max_model_len=16)  # 6 + 1, then 13 + 2: two prefills
+    together, large = run(PROMPTS, params, max_model_len=16, max_num_batched_tokens=64)
+    assert [c[0] for c in small.model.calls].count("prefill") == 2
+    assert [c[0] for c in large.model.calls].count("prefill") == 1
+    assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in apart]
+    with pytest.raises(ValueError, match="must be at least max_model_len"):
+        run(PROMPTS, params, max_model_len=16, max_num_batched_tokens=8)
