@@ -51,11 +51,14 @@ def ragged_mask(starts: list[int], t: int, k: int) -> torch.Tensor:
         (1, 2, 4, 1, False),  # a single key
         (3, 2, 3, 150, True),  # verification (T = 3): causal within the new tokens, ragged rows
         (2, 16, 1, 64, True),  # many heads: four groups of query rows
+        (2, 4, 2, 700, True),  # three segments of keys merged; row 1 sees none of the last two (below)
+        (1, 4, 1, 600, False),  # batch 1: its segments are what runs in parallel
     ],
 )
 def test_float32_matches_the_exact_attention(kernel, b, n, t, k, masked):
     q, keys = operands(b, n, t, k, torch.float32)
-    mask = ragged_mask([k - t - 3 * i for i in range(b)], t, k) if masked else None
+    starts = [k - t - 3 * i for i in range(b)] if k < 700 else [697, 100]
+    mask = ragged_mask(starts, t, k) if masked else None
     got = kernel.attend(q, keys, mask, n, 0.2, DV)
     want = oracle(q, keys, mask, n, 0.2, DV)
     assert got.shape == (b, 1, n * t, DV) and got.dtype == torch.float32
@@ -78,8 +81,9 @@ def test_bf16_is_the_exact_attention_rounded_once(kernel):
     assert (theirs != rounded).float().mean() > 0.1  # the comparison above can tell the two apart
 
 
-def test_same_bits_on_one_thread_and_two(kernel):
-    q, keys = operands(6, 4, 1, 333, torch.bfloat16, seed=2, d=576)
+@pytest.mark.parametrize("batch", [6, 1])  # 1: its keys split into pieces that run in parallel, merged
+def test_same_bits_on_one_thread_and_two(kernel, batch):
+    q, keys = operands(batch, 4, 1, 333, torch.bfloat16, seed=2, d=576)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -219,13 +223,17 @@ def test_the_bits_are_pinned(kernel):
     g = torch.Generator().manual_seed(8)
     pq, pk, pv = (torch.randn(1, 2, 90, w, generator=g).to(torch.bfloat16) for w in (192, 192, 128))
     prefill = kernel.prefill(pq, pk, pv, 0.07)
+    q1, keys1 = operands(1, 4, 1, 600, torch.bfloat16, seed=9, d=576)
+    split = kernel.attend(q1, keys1, None, 4, 0.0625, 512)  # batch 1: pieces of the keys, merged
     digest = hashlib.sha256(
-        decode.view(torch.int16).numpy().tobytes() + prefill.view(torch.int16).numpy().tobytes()
+        split.view(torch.int16).numpy().tobytes()
+        + decode.view(torch.int16).numpy().tobytes()
+        + prefill.view(torch.int16).numpy().tobytes()
     )
     assert digest.hexdigest()[:16] == PINNED
 
 
-PINNED = "2f6b0cd686d69e7e"
+PINNED = "a72953b82cb3f464"
 
 
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v2"])

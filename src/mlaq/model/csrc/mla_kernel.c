@@ -33,6 +33,8 @@
 #define BLOCK 64 /* keys per online-softmax block */
 #define ROWS 4   /* query rows computed together (the batch row's rows are padded to a multiple) */
 #define CHUNK 64 /* query rows that go over all the keys before the next rows do (a multiple of ROWS) */
+#define SEGMENT 256    /* batches below SPLIT_BELOW rows attend each row's keys in pieces of ~this many, */
+#define SPLIT_BELOW 4  /* merged in order: the pieces run in parallel (a batch of 1 has one row to give) */
 
 /* LANES floats as one value, kept in vector registers (one zmm with AVX-512, two ymm with AVX2). */
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
@@ -165,12 +167,12 @@ static inline __attribute__((always_inline)) void accumulate(float *o, const flo
 
 /* One block of nk keys for ROWS query rows: p[r][j] = exp(s[r][j] - new maximum) (0 where masked), each
  * row's running maximum and sum updated, o[r] rescaled by exp(old maximum - new maximum). `visible`:
- * the mask rows (t of them, stride nk_total, offset to the block) or NULL; row r uses mask row r % t;
+ * the mask rows (t of them, mask_stride apart, offset to the block) or NULL; row r uses mask row r % t;
  * `causal`: row r sees keys up to nk_total - t + r % t. `next`: the next block's first key (prefetched
  * into L2 while this one computes) or NULL. */
 static inline __attribute__((always_inline)) void block_softmax(
-    const float *q, const char *keys, int64_t row_bytes, int bf16, const uint8_t *visible, int causal,
-    int64_t r0, int64_t t, int64_t first, int64_t nk, int64_t nk_total, int64_t d, int64_t dv, float scale,
+    const float *q, const char *keys, int64_t row_bytes, int bf16, const uint8_t *visible, int64_t mask_stride,
+    int causal, int64_t r0, int64_t t, int64_t first, int64_t nk, int64_t nk_total, int64_t d, int64_t dv, float scale,
     float *o, float *p, float *run_max, float *run_sum, const char *next) {
     float s[ROWS][2];
     for (int64_t j = 0; j < nk; j += 2) {
@@ -183,7 +185,7 @@ static inline __attribute__((always_inline)) void block_softmax(
     }
     for (int r = 0; r < ROWS; r++) {
         float *pr = p + r * BLOCK, block_max = -INFINITY;
-        const uint8_t *shown = visible ? visible + ((r0 + r) % t) * nk_total : NULL;
+        const uint8_t *shown = visible ? visible + ((r0 + r) % t) * mask_stride : NULL;
         int64_t last = causal ? nk_total - t + (r0 + r) % t - first : nk; /* the last key it sees, in block */
         for (int64_t j = 0; j < nk; j++) {
             if ((shown && !shown[j]) || j > last) pr[j] = -INFINITY;
@@ -211,12 +213,14 @@ static inline int64_t last_token(int64_t r0, int64_t t) {
     return m;
 }
 
-/* One batch row: q (rows, d) float32, rows a multiple of ROWS (padding rows zero), keys (nk, d) rows of
- * key_bytes each, values (nk, dv) rows of value_bytes each, mask (t, nk) or NULL -> o (rows, dv) float32. */
+/* One batch row's queries over nk_total keys: q (rows, d) float32, rows a multiple of ROWS (padding rows
+ * zero), keys (nk_total, d) rows of key_bytes each, values rows of value_bytes each, mask rows (t of them,
+ * mask_stride apart) or NULL -> o (rows, dv) float32 unnormalized, each row's maximum and sum. nk_there:
+ * keys in memory from the first on (the next segment's are prefetched too). */
 static inline __attribute__((always_inline)) void attend_row(
     const float *q, const char *keys, int64_t key_bytes, const char *values, int64_t value_bytes, int bf16,
-    const uint8_t *mask, int causal, int64_t rows, int64_t t, int64_t nk_total, int64_t d, int64_t dv,
-    float scale, float *o, float *p, float *run_max, float *run_sum) {
+    const uint8_t *mask, int64_t mask_stride, int causal, int64_t rows, int64_t t, int64_t nk_total,
+    int64_t nk_there, int64_t d, int64_t dv, float scale, float *o, float *p, float *run_max, float *run_sum) {
     for (int64_t r = 0; r < rows; r++) run_max[r] = -INFINITY, run_sum[r] = 0.0f;
     memset(o, 0, (size_t)(rows * dv) * sizeof(float));
     for (int64_t c0 = 0; c0 < rows; c0 += CHUNK) { /* CHUNK rows' q and o stay in L2 over all the keys */
@@ -224,24 +228,45 @@ static inline __attribute__((always_inline)) void attend_row(
         for (int64_t first = 0; first < nk_total; first += BLOCK) {
             int64_t nk = nk_total - first < BLOCK ? nk_total - first : BLOCK;
             const char *block = keys + first * key_bytes;
-            const char *next = first + BLOCK < nk_total ? block + BLOCK * key_bytes : NULL;
+            const char *next = first + BLOCK < nk_there ? block + BLOCK * key_bytes : NULL; /* also past it */
             const uint8_t *visible = mask ? mask + first : NULL;
             for (int64_t r0 = c0; r0 < c1; r0 += ROWS) {
                 if (causal && first > nk_total - t + last_token(r0, t)) continue; /* no row of it sees it */
-                block_softmax(q + r0 * d, block, key_bytes, bf16, visible, causal, r0, t, first, nk, nk_total,
-                              d, dv, scale, o + r0 * dv, p, run_max, run_sum, r0 == c0 ? next : NULL);
+                block_softmax(q + r0 * d, block, key_bytes, bf16, visible, mask_stride, causal, r0, t, first, nk,
+                              nk_total, d, dv, scale, o + r0 * dv, p, run_max, run_sum, r0 == c0 ? next : NULL);
                 accumulate(o + r0 * dv, p, values + first * value_bytes, value_bytes, bf16, nk, dv);
             }
         }
     }
-    for (int64_t r = 0; r < rows; r++) /* a row that saw no key (all masked) is 0 / 0 = NaN */
-        for (int64_t c = 0; c < dv; c++) o[r * dv + c] = o[r * dv + c] / run_sum[r];
+}
+
+/* Segments of one batch row merged in order: o = sum_s o_s exp(m_s - m) / sum_s l_s exp(m_s - m), m the
+ * largest m_s (each segment's o_s unnormalized, m_s its maximum, l_s its sum; rows x (dv + 2) floats each). */
+static void merge(const float *parts, int64_t segs, int64_t rows, int64_t dv, float *o) {
+    for (int64_t r = 0; r < rows; r++) {
+        float m = -INFINITY, sum = 0.0f;
+        for (int64_t s = 0; s < segs; s++) {
+            float ms = parts[s * rows * (dv + 2) + rows * dv + r];
+            m = ms > m ? ms : m;
+        }
+        for (int64_t c = 0; c < dv; c++) o[r * dv + c] = 0.0f;
+        for (int64_t s = 0; s < segs; s++) {
+            const float *part = parts + s * rows * (dv + 2);
+            float w = exp_f32(part[rows * dv + r] - m); /* 0 for a segment the row saw nothing of */
+            sum += part[rows * dv + rows + r] * w;
+            for (int64_t c = 0; c < dv; c++) o[r * dv + c] += part[r * dv + c] * w;
+        }
+        for (int64_t c = 0; c < dv; c++) o[r * dv + c] = o[r * dv + c] / sum; /* all masked: 0 / 0 = NaN */
+    }
 }
 
 /* q (B, heads*t, d); keys of batch row b at keys + b * key_stride elements ((nk, d) rows, contiguous);
  * its values at values + b * value_stride ((nk, dv) rows, value_row elements apart); mask (B, t, nk) or
  * NULL; out (B, heads*t, dv); all bf16 or all float32. Returns 0, or -1 when a scratch buffer could not
- * be allocated. Batch rows run in parallel (OpenMP) when there is work enough. */
+ * be allocated. A decode batch of fewer than SPLIT_BELOW rows splits each row's keys into an even number
+ * of equal segments of about SEGMENT keys (set by the batch size and K alone, never by the thread count:
+ * the bits do not depend on it), computed in parallel and merged in order. Batch rows x segments run in
+ * parallel (OpenMP) when there is work enough. A causal prefill has rows enough: one segment. */
 static inline __attribute__((always_inline)) int attend(const void *q, const void *keys, int64_t key_stride,
                                                         const void *values, int64_t value_stride,
                                                         int64_t value_row, const uint8_t *mask, int causal,
@@ -249,10 +274,18 @@ static inline __attribute__((always_inline)) int attend(const void *q, const voi
                                                         int64_t d, int64_t dv, float scale, void *out,
                                                         int bf16) {
     int64_t rows = heads * t, padded = (rows + ROWS - 1) / ROWS * ROWS;
-    int64_t size = bf16 ? 2 : 4;
-    int failed = 0;
-#pragma omp parallel for schedule(static) if (batch > 1 && batch * rows * nk * d > (1 << 20))
-    for (int64_t b = 0; b < batch; b++) {
+    int64_t size = bf16 ? 2 : 4, segs = 1, seg_len = nk;
+    if (!causal && batch < SPLIT_BELOW && nk > SEGMENT) { /* an even number of equal pieces of ~SEGMENT keys */
+        segs = 2 * ((nk + 2 * SEGMENT - 1) / (2 * SEGMENT));
+        seg_len = (nk + segs - 1) / segs;
+    }
+    int64_t part = padded * (dv + 2); /* one segment's o, maxima and sums */
+    float *parts = segs > 1 ? malloc((size_t)(batch * segs * part) * sizeof(float)) : NULL;
+    int failed = segs > 1 && !parts;
+#pragma omp parallel for schedule(static) if (batch * segs > 1 && batch * rows * nk * d > (1 << 18))
+    for (int64_t item = 0; item < (failed ? 0 : batch * segs); item++) {
+        int64_t b = item / segs, first = item % segs * seg_len;
+        int64_t nk_seg = nk - first < seg_len ? nk - first : seg_len;
         float *qf = calloc((size_t)(padded * d + padded * dv + ROWS * BLOCK + 2 * padded), sizeof(float));
         if (!qf) {
             failed = 1;
@@ -262,17 +295,41 @@ static inline __attribute__((always_inline)) int attend(const void *q, const voi
         float *run_sum = run_max + padded;
         for (int64_t i = 0; i < rows * d; i++)
             qf[i] = bf16 ? bf16_to_f32(((const uint16_t *)q)[b * rows * d + i]) : ((const float *)q)[b * rows * d + i];
-        const char *row_keys = (const char *)keys + b * key_stride * size;
-        const char *row_values = (const char *)values + b * value_stride * size;
-        const uint8_t *row_mask = mask ? mask + b * t * nk : NULL;
-        attend_row(qf, row_keys, d * size, row_values, value_row * size, bf16, row_mask, causal, padded, t, nk,
-                   d, dv, scale, o, p, run_max, run_sum);
-        if (bf16)
-            for (int64_t i = 0; i < rows * dv; i++) ((uint16_t *)out)[b * rows * dv + i] = f32_to_bf16(o[i]);
-        else
-            memcpy((float *)out + b * rows * dv, o, (size_t)(rows * dv) * sizeof(float));
+        const char *row_keys = (const char *)keys + (b * key_stride + first * d) * size;
+        const char *row_values = (const char *)values + (b * value_stride + first * value_row) * size;
+        const uint8_t *row_mask = mask ? mask + b * t * nk + first : NULL;
+        attend_row(qf, row_keys, d * size, row_values, value_row * size, bf16, row_mask, nk, causal, padded, t,
+                   nk_seg, nk - first, d, dv, scale, o, p, run_max, run_sum);
+        if (segs > 1) { /* kept for the merge */
+            memcpy(parts + item * part, o, (size_t)(padded * dv) * sizeof(float));
+            memcpy(parts + item * part + padded * dv, run_max, (size_t)padded * sizeof(float));
+            memcpy(parts + item * part + padded * dv + padded, run_sum, (size_t)padded * sizeof(float));
+        } else {
+            for (int64_t i = 0; i < rows * dv; i++) o[i] = o[i] / run_sum[i / dv]; /* all masked: NaN */
+            if (bf16)
+                for (int64_t i = 0; i < rows * dv; i++) ((uint16_t *)out)[b * rows * dv + i] = f32_to_bf16(o[i]);
+            else
+                memcpy((float *)out + b * rows * dv, o, (size_t)(rows * dv) * sizeof(float));
+        }
         free(qf);
     }
+    if (segs > 1 && !failed) {
+#pragma omp parallel for schedule(static) if (batch > 1)
+        for (int64_t b = 0; b < batch; b++) {
+            float *o = malloc((size_t)(padded * dv) * sizeof(float));
+            if (!o) {
+                failed = 1;
+                continue;
+            }
+            merge(parts + b * segs * part, segs, padded, dv, o);
+            if (bf16)
+                for (int64_t i = 0; i < rows * dv; i++) ((uint16_t *)out)[b * rows * dv + i] = f32_to_bf16(o[i]);
+            else
+                memcpy((float *)out + b * rows * dv, o, (size_t)(rows * dv) * sizeof(float));
+            free(o);
+        }
+    }
+    free(parts);
     return failed ? -1 : 0;
 }
 
