@@ -8,20 +8,22 @@ keys are read once, a block at a time, widened to float32 in registers, and used
 four query rows at once and then as the values; the next block is prefetched while one computes
 (``csrc/mla_kernel.c`` says exactly what it computes). Decode over 530 keys at batch 32: 1.3-1.5 ms a
 layer against torch's 3.0-3.3 (AMD EPYC Zen 4, 2 threads). A batch of fewer than 4 rows has too few
-rows for the threads: each row's keys are split into an even number of pieces of ~256 keys, attended in
-parallel and merged in order (batch 1: 2,100 keys 332 -> 176 us, 530 keys 82 -> 59 us). The same code runs causal prefills of up to
-``PREFILL_MAX_KEYS`` keys (decompressed keys and values, V unpadded); beyond that torch's kernel is
-faster.
+rows for the threads: each row's keys are split into an even number of pieces of ~256 keys, attended
+in parallel and merged in order (batch 1: 2,100 keys 332 -> 176 us, 530 keys 82 -> 59 us). The same
+code runs causal prefills of up to ``PREFILL_MAX_KEYS`` keys (decompressed keys and values, V
+unpadded); beyond that torch's kernel is faster.
 
 Its arithmetic is IEEE float32 operations (fused multiply-adds where it says so) in the order the
 source writes them: no reassociation, so the same bits on every x86-64 CPU and at every thread count
-(tested; the pieces a row's keys are split into depend on the batch size and K only). Against the exact attention it rounds once, at the end: probabilities stay in float32,
-where torch's flash kernel rounds them to bf16 before the value sum (bf16 outputs: 0.03 % one bf16
-step from the exact result rounded, against 35 % for torch's).
+(tested; the pieces a row's keys are split into depend on the batch size and K only). Against the exact
+attention it rounds once, at the end: probabilities stay in float32, where torch's flash kernel rounds
+them to bf16 before the value sum (bf16 outputs: 0.03 % one bf16 step from the exact result rounded,
+against 35 % for torch's).
 
 The C source ships with the package and is compiled on first use with the C compiler ``compile=True``
 needs anyway (``cc``, ``-O3 -march=native -fopenmp``), into a per-user directory under the system's
-temporary directory keyed by the source, the flags and the compiler (written whole, then renamed);
+temporary directory keyed by the source, the flags, the compiler and the CPU's feature flags (written
+whole, then renamed);
 OpenMP resolves to torch's own runtime (the one its kernels use), so both share one thread pool.
 Where no compiler works :func:`load_kernel` says why, and ``compile=True`` attends with torch's kernel.
 """
