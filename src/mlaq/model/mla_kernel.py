@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("csrc") / "mla_kernel.c"
+HEADER = SOURCE.with_name("mla_vec.h")  # included by SOURCE: part of what a build is keyed by
 FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
 LANES = 16  # the C source's LANES: key and value widths must be multiples
 # Causal prefill of T = K tokens, 4 heads of 192 / 128, bf16, 2 threads, AMD EPYC Zen 4: this kernel / torch's
@@ -158,7 +159,8 @@ def load_kernel(compiler: str | None = None, *, march: str = "native") -> MlaKer
     flags = (*FLAGS, f"-march={march}")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     cpu = _cpu_flags() if march == "native" else ""
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *flags, cc, version, cpu]).encode()).hexdigest()[:16]
+    texts = [SOURCE.read_text(), HEADER.read_text()]
+    key = hashlib.sha256("\0".join([*texts, *flags, cc, version, cpu]).encode()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / f"mlaq-kernels-{os.getuid()}"
     path = folder / f"mla_kernel-{key}.so"
     if not path.exists():
