@@ -8,12 +8,13 @@ kernels around the GEMMs; the attention itself runs eagerly between them: each l
 latents into the runner's resident buffer (``mlaq.engine.resident``, held in the compute dtype here)
 and attends over it in place, the cache read once with an online softmax as FlashMLA computes, in
 mlaq's own C kernel (``mlaq.model.mla_kernel``, ``attention="mlaq"``; about twice torch's speed at
-batch 32) or torch's fused CPU attention kernel (``mlaq.model.mla_flash``, ``attention="torch"``). The absorbed BMMs keep their scheme's
-exact emulation, whatever the scheme: inside the pieces for the schemes inductor reproduces bit for
-bit (``BmmScheme.compiles_exactly``: bf16, fp32, the FP8 and MXFP4 schemes), eagerly beside the
-attention for the rest. vLLM's piecewise graphs cut its steps at attention the same way. Prompts
-(prefill) stay eager: they run once per request and their lengths vary; their causal attention runs in
-the same kernel as decode (mlaq's: ``MLAttention.prefill_kernel``).
+batch 32) or torch's fused CPU attention kernel (``mlaq.model.mla_flash``, ``attention="torch"``).
+The absorbed BMMs keep their scheme's exact emulation, whatever the scheme: inside the pieces for the
+schemes inductor reproduces bit for bit (``BmmScheme.compiles_exactly``: bf16, fp32, the FP8 and
+MXFP4 schemes), eagerly beside the attention for the rest. vLLM's piecewise graphs cut its steps at
+attention the same way. Prompts (prefill) stay eager: they run once per request and their lengths
+vary; with mlaq's kernel, their causal attention runs in it too up to 1,024 keys
+(``MLAttention.prefill_kernel``).
 
 The pieces never see the cache length, so a growing cache never recompiles; batch size and T (the
 tokens per row) are specialized at first and made dynamic by dynamo when they change (a handful of

@@ -14,12 +14,14 @@
  * the float32 operations written below, in the order written: built with -ffp-contract=off and without
  * -ffast-math, the compiler vectorizes but never reorders a sum or fuses a multiply-add it was not
  * told to, so the result is the same bits on every x86-64 CPU, at every vector width and thread count
- * (one thread computes a whole batch row). Specifically:
+ * (one thread computes a batch row, or a fixed piece of its keys: see attend()). Specifically:
  * - a dot product is LANES interleaved chains of fused multiply-adds (lane l takes elements l, l+LANES,
  *   ...), then the lanes summed pairwise (fold8());
  * - exp is exp_f32() (Cephes' expf, ~1 ulp);
  * - a value sum runs over keys in order, one fused multiply-add per key and column (blocks no query
  *   row of a group sees are skipped: adding their zero probabilities would change no bit);
+ * - a decode batch of fewer than SPLIT_BELOW rows attends each row's keys in pieces, merged in order
+ *   (merge()); the pieces depend on the batch size and K only;
  * - bf16 operands are widened exactly; a bf16 output is rounded to nearest even once, at the end. */
 #include <math.h>
 #include <stdint.h>
