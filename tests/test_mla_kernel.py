@@ -252,3 +252,16 @@ def test_a_nan_in_the_cache_reaches_the_output(kernel):
     keys[0, 37, 5] = float("nan")
     got = kernel.attend(q, keys, None, 4, 0.2, DV)
     assert got[0].isnan().all() and not got[1].isnan().any()
+
+
+def test_operands_whose_shapes_disagree_are_refused_before_the_c_code_runs(kernel):
+    q, keys = operands(2, 4, 1, 20, torch.float32)
+    with pytest.raises(ValueError, match="keys \\(B, K, D\\)"):
+        kernel.attend(q, keys[..., :80].contiguous(), None, 4, 0.1, DV)  # narrower keys than queries
+    with pytest.raises(ValueError, match="keys \\(B, K, D\\)"):
+        kernel.attend(q, keys[:1], None, 4, 0.1, DV)  # fewer batch rows of keys
+    with pytest.raises(ValueError, match="mask"):
+        kernel.attend(q, keys, torch.ones(2, 1, 19, dtype=torch.bool), 4, 0.1, DV)
+    x = torch.zeros(1, 2, 8, 32)
+    with pytest.raises(ValueError, match="K >= T"):
+        kernel.prefill(x, x[:, :, :4], x[:, :, :4], 0.1)  # fewer keys than new tokens

@@ -104,7 +104,17 @@ class MlaKernel:
         contiguous; their first ``value_dim`` columns double as values), mask (B, T, K) bool or None,
         N heads -> (B, 1, N*T, value_dim) in q's dtype."""
         self._check(q, keys, value_dim, None)
-        b, _, rows, d = q.shape
+        b, one, rows, d = q.shape
+        k = keys.shape[1]
+        _agree(
+            one == 1 and rows % n == 0 and keys.dim() == 3 and tuple(keys.shape) == (b, k, d),
+            f"q (B, 1, N*T, D) with N = {n} and keys (B, K, D), got q {tuple(q.shape)}, keys {tuple(keys.shape)}",
+        )
+        if mask is not None:
+            _agree(
+                tuple(mask.shape) == (b, rows // n, k),
+                f"mask (B, T, K) = {(b, rows // n, k)}, got {tuple(mask.shape)}",
+            )
         out = torch.empty(b, 1, rows, value_dim, dtype=q.dtype)
         m = None if mask is None else mask.to(torch.uint8).contiguous()
         self._run(
@@ -117,7 +127,15 @@ class MlaKernel:
         (B, N, K, D), values (B, N, K, V) -> (B, N, T, V) in q's dtype; token i sees keys up to
         K - T + i. Copies keys / values whose rows are not contiguous."""
         b, n, t, d = q.shape
-        v = values.shape[-1]
+        v, k = values.shape[-1], keys.shape[-2]
+        _agree(
+            keys.dim() == values.dim() == 4
+            and tuple(keys.shape) == (b, n, k, d)
+            and tuple(values.shape[:3]) == (b, n, k)
+            and k >= t,
+            f"q (B, N, T, D), keys (B, N, K, D), values (B, N, K, V) with K >= T, got {tuple(q.shape)}, "
+            f"{tuple(keys.shape)}, {tuple(values.shape)}",
+        )
         keys, values = keys.contiguous(), values.contiguous()
         self._check(q, keys, v, values)
         out = torch.empty(b, n, t, v, dtype=q.dtype)
@@ -145,6 +163,12 @@ class MlaKernel:
         )  # fmt: skip
         if status != 0:
             raise MemoryError("mlaq's attention kernel could not allocate its scratch buffers")
+
+
+def _agree(ok: bool, expected: str) -> None:
+    """The C kernel reads raw pointers: operands whose shapes disagree are refused before it runs."""
+    if not ok:
+        raise ValueError(f"mlaq's attention kernel expects {expected}")
 
 
 def load_kernel(compiler: str | None = None, *, march: str = "native") -> MlaKernel:
