@@ -8,9 +8,10 @@ process (this VM's speed drifts: only side-by-side figures mean anything; bench/
 ``--against eager`` (default): the eager engine. ``--against unfolded``: ``compile=True`` with the
 absorbed BMMs run eagerly beside the attention (``CompiledLatentLM(fold_bmms=False)``, as before
 "Change 9") instead of inside the compiled pieces. ``--against torch``: ``compile=True`` attending with
-torch's fused kernel (``CompiledLatentLM(attention="torch")``, as before "Change 10") instead of mlaq's. Both engines load the same checkpoint (bundled
-mlaq-tiny-4k by default) in bf16; greedy, ignore_eos, random prompt ids; decode = (generate N+1
-tokens - generate 1) / N. Warm-ups (compiles for this batch shape) are printed and excluded. Not a test.
+torch's fused kernel (``CompiledLatentLM(attention="torch")``, as before "Change 10") instead of mlaq's.
+Both engines load the same checkpoint (bundled mlaq-tiny-4k by default) in bf16; greedy, ignore_eos,
+random prompt ids; decode = (generate N+1 tokens - generate 1) / N. Warm-ups (compiles for this batch
+shape) are printed and excluded. Not a test.
 """
 
 from __future__ import annotations

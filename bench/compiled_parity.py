@@ -12,6 +12,7 @@ over the common prefix. Not a test (README "Generation engine"; bench/RESULTS.md
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from pathlib import Path
@@ -51,7 +52,7 @@ def main() -> None:
     keep_freed_memory()
     dtype = getattr(torch, a.dtype)
     rng = random.Random(0)
-    vocab = load_model(a.model, dtype=dtype).config.vocab_size
+    vocab = json.loads((a.model / "config.json").read_text())["vocab_size"]
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randrange(100, 601))] for _ in range(a.prompts)]
     kw = {"max_num_seqs": a.prompts, "dtype": dtype}
     eager = greedy(LLM(a.model, **kw), prompts, a.new_tokens)

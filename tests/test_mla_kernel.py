@@ -262,6 +262,8 @@ def test_operands_whose_shapes_disagree_are_refused_before_the_c_code_runs(kerne
         kernel.attend(q, keys[:1], None, 4, 0.1, DV)  # fewer batch rows of keys
     with pytest.raises(ValueError, match="mask"):
         kernel.attend(q, keys, torch.ones(2, 1, 19, dtype=torch.bool), 4, 0.1, DV)
+    with pytest.raises(ValueError, match="bool"):  # read as bytes by the C code: 0 / 1 only
+        kernel.attend(q, keys, torch.ones(2, 1, 20), 4, 0.1, DV)
     x = torch.zeros(1, 2, 8, 32)
     with pytest.raises(ValueError, match="K >= T"):
         kernel.prefill(x, x[:, :, :4], x[:, :, :4], 0.1)  # fewer keys than new tokens

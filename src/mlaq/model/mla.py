@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -37,9 +38,11 @@ from mlaq.model.mla_core import (
     attention_mask,
     naive_attention,
 )
-from mlaq.model.mla_kernel import MlaKernel
 from mlaq.model.norm import RMSNorm
 from mlaq.model.rope import expand_cos_sin, rotate
+
+if TYPE_CHECKING:
+    from mlaq.model.mla_kernel import MlaKernel
 
 __all__ = [
     "AbsorbedWeights",

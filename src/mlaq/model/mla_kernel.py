@@ -112,11 +112,11 @@ class MlaKernel:
         )
         if mask is not None:
             _agree(
-                tuple(mask.shape) == (b, rows // n, k),
-                f"mask (B, T, K) = {(b, rows // n, k)}, got {tuple(mask.shape)}",
+                mask.dtype == torch.bool and tuple(mask.shape) == (b, rows // n, k),
+                f"mask (B, T, K) = {(b, rows // n, k)} bool, got {tuple(mask.shape)} {mask.dtype}",
             )
         out = torch.empty(b, 1, rows, value_dim, dtype=q.dtype)
-        m = None if mask is None else mask.to(torch.uint8).contiguous()
+        m = None if mask is None else mask.contiguous()  # torch's bool: one byte, 0 or 1, as the C reads
         self._run(
             q.contiguous(), keys, keys, keys.stride(1), m, False, b, n, rows // n, d, value_dim, scale, out
         )

@@ -143,6 +143,14 @@ static inline __attribute__((always_inline)) void attend_row(
     }
 }
 
+/* Batch row b's result o (rows, dv) float32 into out (B, rows, dv), bf16 (rounded) or float32. */
+static void write_row(void *out, int64_t b, int64_t rows, int64_t dv, const float *o, int bf16) {
+    if (bf16)
+        for (int64_t i = 0; i < rows * dv; i++) ((uint16_t *)out)[b * rows * dv + i] = f32_to_bf16(o[i]);
+    else
+        memcpy((float *)out + b * rows * dv, o, (size_t)(rows * dv) * sizeof(float));
+}
+
 /* Segments of one batch row merged in order: o = sum_s o_s exp(m_s - m) / sum_s l_s exp(m_s - m), m the
  * largest m_s (each segment's o_s unnormalized, m_s its maximum, l_s its sum; rows x (dv + 2) floats each). */
 static void merge(const float *parts, int64_t segs, int64_t rows, int64_t dv, float *o) {
@@ -209,10 +217,7 @@ static inline __attribute__((always_inline)) int attend(const void *q, const voi
             memcpy(parts + item * part + padded * dv + padded, run_sum, (size_t)padded * sizeof(float));
         } else {
             for (int64_t i = 0; i < rows * dv; i++) o[i] = o[i] / run_sum[i / dv]; /* all masked: NaN */
-            if (bf16)
-                for (int64_t i = 0; i < rows * dv; i++) ((uint16_t *)out)[b * rows * dv + i] = f32_to_bf16(o[i]);
-            else
-                memcpy((float *)out + b * rows * dv, o, (size_t)(rows * dv) * sizeof(float));
+            write_row(out, b, rows, dv, o, bf16);
         }
         free(qf);
     }
@@ -225,10 +230,7 @@ static inline __attribute__((always_inline)) int attend(const void *q, const voi
                 continue;
             }
             merge(parts + b * segs * part, segs, padded, dv, o);
-            if (bf16)
-                for (int64_t i = 0; i < rows * dv; i++) ((uint16_t *)out)[b * rows * dv + i] = f32_to_bf16(o[i]);
-            else
-                memcpy((float *)out + b * rows * dv, o, (size_t)(rows * dv) * sizeof(float));
+            write_row(out, b, rows, dv, o, bf16);
             free(o);
         }
     }
