@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mlaq.model import ModelCache, Precision, load_model, mla_core
+from mlaq.model import ModelCache, Precision, load_model, mla_latent
 from mlaq.model.mla import AttnPath
 from mlaq.settings import Settings
 from mlaq.validate.capture import attention_output, capture_reference, project_input
@@ -32,8 +32,8 @@ def prepare(model, scheme: str) -> None:
 
 
 def old(model, ids, window):
-    block = mla_core.QUERY_BLOCK
-    mla_core.QUERY_BLOCK = 1 << 30  # absorbed_attention then takes the whole-matrix path
+    block = mla_latent.QUERY_BLOCK
+    mla_latent.QUERY_BLOCK = 1 << 30  # absorbed_attention then takes the whole-matrix path
     try:
         a = time.process_time()
         logits = model(ids, ModelCache(), path=AttnPath.ABSORBED).logits[0]
@@ -41,7 +41,7 @@ def old(model, ids, window):
         outs = {inp.layer: attention_output(model, inp) for inp in window.layers}
         return b - a, time.process_time() - b, logits, outs
     finally:
-        mla_core.QUERY_BLOCK = block
+        mla_latent.QUERY_BLOCK = block
 
 
 def new(model, ids, window, projected):

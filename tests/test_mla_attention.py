@@ -9,7 +9,8 @@ from mlaq.bmm import get_scheme, split_kv_b_proj, split_kv_b_proj_fp8
 from mlaq.formats import Fp8Dtype, quantize_fp8_per_block
 from mlaq.model.mla import AttnPath, MLAttention
 from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mla_core import Precision, masked_softmax
+from mlaq.model.mla_core import Precision
+from mlaq.model.mla_latent import masked_softmax
 from mlaq.model.rope import YarnScaling
 
 NAIVE, ABSORBED = AttnPath.NAIVE, AttnPath.ABSORBED

@@ -7,15 +7,9 @@ import pytest
 import torch
 
 from mlaq.bmm import get_scheme
-from mlaq.model import mla_core
-from mlaq.model.mla_core import (
-    QUERY_BLOCK,
-    AbsorbedWeights,
-    Precision,
-    absorbed_attention,
-    latent_attention_blocked,
-    masked_softmax,
-)
+from mlaq.model import mla_core, mla_latent
+from mlaq.model.mla_core import AbsorbedWeights, Precision, absorbed_attention
+from mlaq.model.mla_latent import QUERY_BLOCK, latent_attention_blocked, masked_softmax
 
 N, P, R, L, V = 4, 32, 16, 64, 32
 
@@ -96,10 +90,10 @@ def test_keys_past_a_blocks_reach_are_not_read(monkeypatch):
         widths.append(b2.shape[-1] if b2.shape[-1] != L else b2.shape[-2])  # keys of each product
         return real_bmm(a, b2)
 
-    monkeypatch.setattr(mla_core.torch, "bmm", spy)
+    monkeypatch.setattr(mla_latent.torch, "bmm", spy)
     latent_attention_blocked(q, kf, mask, L, 0.05, torch.float32)
     monkeypatch.undo()
-    assert max(widths) == t and min(widths) == min(t, mla_core.KEY_ALIGN), widths
+    assert max(widths) == t and min(widths) == min(t, mla_latent.KEY_ALIGN), widths
     assert sum(widths) < 0.8 * 2 * (t // QUERY_BLOCK) * t  # fewer key columns than the whole matrix
 
 
@@ -137,9 +131,9 @@ def test_in_place_masked_softmax_equals_masked_softmax(dtype, holes):
     if holes == "holes_and_empty_rows":
         mask &= torch.rand(2, 50, 70, generator=g) < 0.5
         mask[1, 7] = False  # a row that sees no key: zeros
-    want = mla_core.masked_softmax(scores, mask, dtype)
+    want = mla_latent.masked_softmax(scores, mask, dtype)
     owned = scores.clone()
-    got = mla_core.masked_softmax_(owned, mask, dtype)
+    got = mla_latent.masked_softmax_(owned, mask, dtype)
     assert got.data_ptr() == owned.data_ptr()  # in place
     assert torch.equal(got, want)
     assert not torch.isnan(got).any()
@@ -150,9 +144,9 @@ def test_in_place_masked_softmax_equals_masked_softmax(dtype, holes):
 def test_in_place_masked_softmax_under_autograd_is_out_of_place():
     scores = torch.randn(1, N, 5, 5, requires_grad=True)
     mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
-    got = mla_core.masked_softmax_(scores * 1.0, mask, torch.float32)
+    got = mla_latent.masked_softmax_(scores * 1.0, mask, torch.float32)
     got.sum().backward()  # differentiable
-    assert torch.equal(got, mla_core.masked_softmax(scores, mask, torch.float32))
+    assert torch.equal(got, mla_latent.masked_softmax(scores, mask, torch.float32))
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -160,14 +154,14 @@ def test_value_matmul_rounds_the_exact_sum_once_to_bf16(monkeypatch, native):
     """latent_values: the bf16 GEMM (CPUs with one) and the float32 GEMM rounded to bf16 both give the
     exact sum rounded to bf16, up to one step where fp32 accumulation order crossed a boundary; in float32
     it is the plain float32 product."""
-    monkeypatch.setattr(mla_core, "native_low_precision_gemm", lambda: native)
+    monkeypatch.setattr(mla_latent, "native_low_precision_gemm", lambda: native)
     g = torch.Generator().manual_seed(5)
     probs = torch.softmax(torch.randn(2, 300, 700, generator=g) * 3, -1).bfloat16().float()
     c_kv = torch.randn(2, 700, L, generator=g).bfloat16()
-    got = mla_core.latent_values(probs, c_kv, torch.bfloat16)
+    got = mla_latent.latent_values(probs, c_kv, torch.bfloat16)
     exact = torch.bmm(probs.double(), c_kv.double())
     assert_same_sums(got, exact.float(), torch.bfloat16)
-    plain = mla_core.latent_values(probs, c_kv.float(), torch.float32)
+    plain = mla_latent.latent_values(probs, c_kv.float(), torch.float32)
     assert torch.equal(plain, torch.bmm(probs, c_kv.float()))
 
 
@@ -177,10 +171,10 @@ def test_keys_held_in_float32_take_the_float32_gemm(monkeypatch):
     g = torch.Generator().manual_seed(6)
     probs = torch.softmax(torch.randn(3, 4, 500, generator=g) * 3, -1).bfloat16().float()
     c_kv = torch.randn(3, 500, L, generator=g).bfloat16()
-    monkeypatch.setattr(mla_core, "native_low_precision_gemm", lambda: False)
-    without = mla_core.latent_values(probs, c_kv, torch.bfloat16)
-    monkeypatch.setattr(mla_core, "native_low_precision_gemm", lambda: True)
-    held = mla_core.latent_values(probs, c_kv.float(), torch.bfloat16)
+    monkeypatch.setattr(mla_latent, "native_low_precision_gemm", lambda: False)
+    without = mla_latent.latent_values(probs, c_kv, torch.bfloat16)
+    monkeypatch.setattr(mla_latent, "native_low_precision_gemm", lambda: True)
+    held = mla_latent.latent_values(probs, c_kv.float(), torch.bfloat16)
     assert torch.equal(held, without)
     assert torch.equal(held, torch.bmm(probs, c_kv.float()).bfloat16().float())
 

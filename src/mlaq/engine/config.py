@@ -1,4 +1,5 @@
-"""Engine-level configuration: speculative decoding (vLLM's ``speculative_config`` JSON)."""
+"""Engine-level configuration with vLLM's names: ``EngineConfig``, speculative decoding (vLLM's
+``speculative_config`` JSON), dtypes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from enum import Enum
 from typing import Any
 
 import torch
+
+from mlaq.engine.kv_cache import KVCacheDtype
 
 # vLLM's --dtype names (vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE); "auto": the checkpoint's
 DTYPE_NAMES: Mapping[str, torch.dtype | None] = {
@@ -85,3 +88,45 @@ class SpeculativeConfig:
             choices = [m.value for m in SpeculativeMethod]
             raise ValueError(f"unsupported speculative method {method!r}; mlaq supports {choices}") from None
         return cls(parsed_method, value["num_speculative_tokens"])
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings, with vLLM's names."""
+
+    max_model_len: int = 2048
+    max_num_seqs: int = 16
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: room for max_num_seqs sequences of max_model_len
+    kv_cache_dtype: KVCacheDtype = KVCacheDtype.AUTO  # or "auto" / "fp8_e4m3" / "fp8"
+    kv_cache_scale: float = 1.0  # per-tensor fp8 scale (vLLM's default)
+    speculative_config: SpeculativeConfig | None = None  # or its dict / JSON text
+    seed: int = 0  # seeds the generators of requests without their own seed
+    max_position_embeddings: int | None = (
+        None  # the model's context, for advice on a prompt that does not fit
+    )
+    max_num_batched_tokens: int | None = None  # prompt tokens prefilled in one step; None: max_model_len
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_cache_dtype", KVCacheDtype.parse(self.kv_cache_dtype))
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
+
+    @property
+    def num_blocks(self) -> int:
+        per_seq = -(-self.max_model_len // self.block_size)
+        return self.num_kv_blocks or self.max_num_seqs * per_seq
+
+
+def too_long_message(n: int, config: EngineConfig) -> str:
+    """What can make a prompt of ``n`` tokens fit: a larger max_model_len only up to the model's context."""
+    m, limit = config.max_model_len, config.max_position_embeddings
+    head = f"prompt of {n} tokens does not fit max_model_len={m}"
+    if limit is None:
+        return f"{head}; shorten it or raise max_model_len"
+    if n <= limit:
+        return f"{head}; raise --max-model-len to at least {n} (the model takes up to {limit}) or shorten it"
+    return f"{head}; the model's context is {limit} tokens (max_position_embeddings): shorten the prompt"

@@ -8,80 +8,37 @@ Speculative decoding with MTP, per running sequence of N tokens (main cache hold
 2. verify [last token, d_1..d_k] in ONE target pass (absorbed MLA, query length k+1);
 3. ``rejection_sample`` keeps the accepted prefix plus one target token; the cache is rolled
    back to the accepted positions; the metrics observe (k, accepted).
-Under greedy sampling the emitted tokens are exactly plain greedy decoding's.
+Under greedy sampling the emitted tokens are exactly plain greedy decoding's. The drafts come from
+``mlaq.engine.speculate``; a request's state and its per-step deltas live in ``mlaq.engine.request``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from mlaq.engine.block_manager import BlockManager
-from mlaq.engine.config import SpeculativeConfig
+from mlaq.engine.config import EngineConfig, too_long_message
 from mlaq.engine.detokenizer import IncrementalDetokenizer
-from mlaq.engine.kv_cache import KVCacheDtype, LatentCacheConfig, LatentKVCache
+from mlaq.engine.kv_cache import LatentCacheConfig, LatentKVCache
 from mlaq.engine.model_api import LatentLM
-from mlaq.engine.outputs import CompletionOutput, RequestOutput
+from mlaq.engine.outputs import RequestOutput
 from mlaq.engine.penalties import adjusted_logits
 from mlaq.engine.rejection import rejection_sample
+from mlaq.engine.request import Request, logprob_entries
 from mlaq.engine.runner import ModelRunner
 from mlaq.engine.sampler import processed_logits, sample
 from mlaq.engine.sampling_params import SamplingParams
 from mlaq.engine.scheduler import Scheduler, SchedulerConfig
-from mlaq.engine.sequence import FinishReason, check_stop_token
+from mlaq.engine.sequence import FinishReason
 from mlaq.engine.sequence import Sequence as Seq
 from mlaq.engine.spec_metrics import SpecDecodingStats
+from mlaq.engine.speculate import propose
 from mlaq.engine.tokenizer import Tokenizer
 
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine settings, with vLLM's names."""
-
-    max_model_len: int = 2048
-    max_num_seqs: int = 16
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None: room for max_num_seqs sequences of max_model_len
-    kv_cache_dtype: KVCacheDtype = KVCacheDtype.AUTO  # or "auto" / "fp8_e4m3" / "fp8"
-    kv_cache_scale: float = 1.0  # per-tensor fp8 scale (vLLM's default)
-    speculative_config: SpeculativeConfig | None = None  # or its dict / JSON text
-    seed: int = 0  # seeds the generators of requests without their own seed
-    max_position_embeddings: int | None = (
-        None  # the model's context, for advice on a prompt that does not fit
-    )
-    max_num_batched_tokens: int | None = None  # prompt tokens prefilled in one step; None: max_model_len
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kv_cache_dtype", KVCacheDtype.parse(self.kv_cache_dtype))
-        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
-
-    @property
-    def num_speculative_tokens(self) -> int:
-        return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
-
-    @property
-    def num_blocks(self) -> int:
-        per_seq = -(-self.max_model_len // self.block_size)
-        return self.num_kv_blocks or self.max_num_seqs * per_seq
-
-
-@dataclass(eq=False)
-class Request:
-    """Engine-side state of one request around its ``Sequence``."""
-
-    seq: Seq
-    prompt: str | None
-    detok: IncrementalDetokenizer | None
-    stats: SpecDecodingStats | None
-    pending_hidden: Tensor | None = None  # target hidden states the MTP cache has not seen yet
-    cumulative_logprob: float = 0.0
-    new_token_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[dict[int, float]] = field(default_factory=list)
-    prompt_logprobs: list[dict[int, float] | None] | None = None  # sent once, with the first delta
-    spec_steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
+__all__ = ["EngineConfig", "LLMEngine"]
 
 
 class LLMEngine:
@@ -151,7 +108,7 @@ class LLMEngine:
             self._next_id, [int(t) for t in prompt_token_ids], params, torch.Generator().manual_seed(seed)
         )
         if len(seq.prompt_token_ids) > self.config.max_model_len:
-            raise ValueError(_too_long(len(seq.prompt_token_ids), self.config))
+            raise ValueError(too_long_message(len(seq.prompt_token_ids), self.config))
         self.scheduler.add(seq)
         detok = (
             IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, params) if self.tokenizer else None
@@ -200,7 +157,7 @@ class LLMEngine:
             self._speculate(reqs)
         else:
             self._decode(reqs)
-        outputs = [self._delta(r) for r in reqs]
+        outputs = [r.delta(bool(self.k)) for r in reqs]
         for seq in self.scheduler.finish_done():
             del self._requests[seq.seq_id]
         if not self._requests:
@@ -221,7 +178,7 @@ class LLMEngine:
             if want[row]:
                 r.prompt_logprobs = [
                     None,
-                    *_logprob_entries(
+                    *logprob_entries(
                         out.logits[row, : len(tokens[row]) - 1], tokens[row][1:], s.params.prompt_logprobs
                     ),
                 ]
@@ -250,13 +207,13 @@ class LLMEngine:
                     for i, r in enumerate(reqs)
                 ]
             )
-        # logprobs come from _emit (raw logits, per request that asks): none needed from the sampler
+        # logprobs come from Request.emit (raw logits, per request that asks): none needed from the sampler
         chosen = sample(adjusted, params, [r.seq.generator for r in reqs], logprobs=False).token_ids.tolist()
         for row, r in enumerate(reqs):
-            self._emit(r, [chosen[row]], logits[row : row + 1])
+            r.emit([chosen[row]], logits[row : row + 1], self.eos_token_ids, self.config.max_model_len)
 
     def _speculate(self, reqs: list[Request]) -> None:
-        drafts = self._propose(reqs)
+        drafts = propose(self.runner, reqs, self.k, self.config.max_model_len)
         seqs = [r.seq for r in reqs]
         out = self.runner.forward(
             seqs, [[s.last_token_id, *d] for s, d in zip(seqs, drafts, strict=True)], prefill=False
@@ -282,121 +239,4 @@ class LLMEngine:
             s.num_cached += n + 1  # the last token and the n accepted drafts are cached
             self.scheduler.rollback(s, s.num_cached)  # free the rejected drafts' slots
             r.pending_hidden = out.hidden[row, : n + 1]
-            self._emit(r, emitted.tolist(), rows[: n + 1])
-
-    def _propose(self, reqs: list[Request]) -> list[list[int]]:
-        """k greedy MTP drafts per request; fewer near max_model_len and near max_tokens, as vLLM's
-        scheduler caps a step at prompt + max_tokens - 1 computed tokens: a step then emits at most the
-        tokens the request may still emit, so accepted drafts never exceed emitted tokens."""
-        drafts: list[list[int]] = [[] for _ in reqs]
-        ks = [min(self.k, self.config.max_model_len - r.seq.num_tokens, _room(r.seq) - 1) for r in reqs]
-        active = [i for i, k in enumerate(ks) if k > 0 and reqs[i].pending_hidden is not None]
-        if not active:
-            return drafts
-        seqs = [reqs[i].seq for i in active]
-        hidden = [reqs[i].pending_hidden for i in active]
-        starts = [s.num_cached - h.shape[0] for s, h in zip(seqs, hidden, strict=True)]
-        tokens = [s.all_token_ids[st + 1 : s.num_cached + 1] for s, st in zip(seqs, starts, strict=True)]
-        out = self.runner.mtp(seqs, tokens, hidden, starts, last_only=True)
-        last = torch.tensor([len(t) - 1 for t in tokens])
-        rows = torch.arange(len(active))
-        logits, h = out.logits[:, -1], out.hidden[rows, last]  # (A, V), (A, H): each row's last token
-        for i in active:
-            reqs[i].pending_hidden = None  # the MTP cache has seen them now
-        for j in range(self.k):
-            for a, token in enumerate(logits.argmax(dim=-1).tolist()):
-                drafts[active[a]].append(token)  # MTP drafts greedily, as vLLM's proposer
-            # Chain: the MTP layer at position N-1+j reads its own hidden state and draft j+1.
-            chain = [a for a, i in enumerate(active) if ks[i] > j + 1]
-            if not chain:
-                break
-            out = self.runner.mtp(
-                [seqs[a] for a in chain],
-                [[drafts[active[a]][-1]] for a in chain],
-                [h[a : a + 1] for a in chain],
-                [seqs[a].num_cached + j for a in chain],
-            )
-            active = [active[a] for a in chain]
-            seqs = [seqs[a] for a in chain]
-            logits, h = out.logits[:, 0], out.hidden[:, 0]
-        return drafts
-
-    def _emit(self, r: Request, tokens: list[int], rows: Tensor) -> None:
-        """Append tokens (each predicted by the matching row of raw logits) until a stop condition."""
-        s, p = r.seq, r.seq.params
-        entries = _logprob_entries(rows, tokens, p.logprobs) if p.logprobs is not None else None  # raw
-        for i, token in enumerate(tokens):
-            lp = 0.0
-            if entries is not None:
-                lp = entries[i][token]
-                r.new_logprobs.append(entries[i])
-                r.cumulative_logprob += lp
-            s.append(token, lp)
-            r.new_token_ids.append(token)
-            finished = check_stop_token(s, self.eos_token_ids, self.config.max_model_len)
-            if r.detok is not None:
-                by_token = finished and s.finish_reason is FinishReason.STOP
-                early = len(s.output_token_ids) <= p.min_tokens  # vLLM: no stop strings before min_tokens
-                if r.detok.add_token(token, skip_text=by_token, check_stop=not early):
-                    s.finish(FinishReason.STOP, r.detok.stop_reason)
-            if s.is_finished:
-                return
-
-    def _delta(self, r: Request) -> RequestOutput:
-        s = r.seq
-        finished = s.is_finished
-        want_lp = s.params.logprobs is not None
-        completion = CompletionOutput(
-            index=0,
-            text=r.detok.next_delta(finished) if r.detok else "",
-            token_ids=tuple(r.new_token_ids),
-            cumulative_logprob=r.cumulative_logprob if want_lp else None,
-            logprobs=tuple(r.new_logprobs) if want_lp else None,
-            finish_reason=s.finish_reason.value if finished and s.finish_reason else None,
-            stop_reason=s.stop_reason,
-        )
-        r.new_token_ids, r.new_logprobs = [], []
-        prompt_lp, r.prompt_logprobs = r.prompt_logprobs, None
-        return RequestOutput(
-            str(s.seq_id),
-            r.prompt,
-            tuple(s.prompt_token_ids),
-            (completion,),
-            finished,
-            r.stats,
-            prompt_logprobs=tuple(prompt_lp) if prompt_lp is not None else None,
-            spec_steps=tuple(r.spec_steps) if finished and self.k else None,
-        )
-
-
-def _logprob_entries(rows: Tensor, tokens: Sequence[int], top_n: int | None) -> list[dict[int, float]]:
-    """Per row of raw logits (n, V): {token: logprob} of ``tokens[i]`` plus the top ``top_n`` (-1: all).
-
-    vLLM's raw logprobs: log_softmax of the raw logits, before penalties, temperature and truncation."""
-    logprobs = torch.log_softmax(rows.float(), dim=-1)  # (n, V)
-    chosen = logprobs.gather(1, torch.tensor(list(tokens), dtype=torch.int64)[:, None])[:, 0].tolist()
-    n = logprobs.shape[-1] if top_n == -1 else (top_n or 0)
-    entries = [{int(t): lp} for t, lp in zip(tokens, chosen, strict=True)]
-    if n:
-        top = logprobs.topk(min(n, logprobs.shape[-1]), dim=-1)
-        for entry, ids, values in zip(entries, top.indices.tolist(), top.values.tolist(), strict=True):
-            for t, v in zip(ids, values, strict=True):
-                entry.setdefault(t, v)
-    return entries
-
-
-def _room(seq: Seq) -> int:
-    """Output tokens ``seq`` may still emit under max_tokens (a large number without a limit)."""
-    limit = seq.params.max_tokens
-    return 1 << 30 if limit is None else limit - len(seq.output_token_ids)
-
-
-def _too_long(n: int, config: EngineConfig) -> str:
-    """What can make a prompt of ``n`` tokens fit: a larger max_model_len only up to the model's context."""
-    m, limit = config.max_model_len, config.max_position_embeddings
-    head = f"prompt of {n} tokens does not fit max_model_len={m}"
-    if limit is None:
-        return f"{head}; shorten it or raise max_model_len"
-    if n <= limit:
-        return f"{head}; raise --max-model-len to at least {n} (the model takes up to {limit}) or shorten it"
-    return f"{head}; the model's context is {limit} tokens (max_position_embeddings): shorten the prompt"
+            r.emit(emitted.tolist(), rows[: n + 1], self.eos_token_ids, self.config.max_model_len)

@@ -25,8 +25,8 @@ from mlaq.model.mla_core import (
     absorbed_scores,
     assemble_keys,
     attention_mask,
-    masked_softmax_,
 )
+from mlaq.model.mla_latent import masked_softmax_
 from mlaq.validate.capture import LayerInput
 from mlaq.validate.metrics import BucketSums
 
