@@ -10,6 +10,13 @@ W_UV, o_proj, norms) plus the MLP (dense, or router + top-k routed + shared expe
 norm, one embedding row and lm_head. The KV cache a token reads (S * (L + R) values a layer) is
 printed too; it is small at these lengths. Bandwidth = the best of timed ``torch.sum`` over a buffer
 of the active weights' size (a GEMV at batch 1 streams its weight the same way), per dtype.
+
+The floor counts bytes only. Over a cache of S tokens a decode token also does arithmetic that no
+byte count shows: per layer and head, S scores of L + R multiply-adds and S values of L (FlashMLA's
+absorbed attention), float32 in mlaq's kernel. ``--context S`` prints that too, at the best float32
+GEMM rate torch reaches here (``torch.mm`` of 1024 x 1024, the same threads): the step cannot beat
+weights / bandwidth + attention FLOPs / that rate (the attention needs the layer's queries, so it
+follows the layer's projections; it cannot hide behind them).
 """
 
 from __future__ import annotations
@@ -61,6 +68,24 @@ def read_bandwidth(nbytes: int, dtype: torch.dtype, repeats: int = 20) -> float:
     return x.numel() * x.element_size() / best
 
 
+def gemm_rate(repeats: int = 10) -> float:
+    """FLOP/s of the best timed float32 ``torch.mm`` of 1024 x 1024 x 1024 (the machine's usable peak)."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * 1024**3 / best
+
+
+def attention_flops(c: dict, context: int) -> int:
+    """FLOPs of one decode token's absorbed attention over ``context`` cached tokens, all layers."""
+    lora, r = c["kv_lora_rank"], c["qk_rope_head_dim"]
+    return 2 * c["num_hidden_layers"] * c["num_attention_heads"] * context * ((lora + r) + lora)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=BUNDLED)
@@ -78,14 +103,26 @@ def main() -> None:
     kv = config["num_hidden_layers"] * args.context * (config["kv_lora_rank"] + config["qk_rope_head_dim"])
     label = f"KV cache read (S = {args.context})"
     print(f"  {label:32s} {kv / 1e6:7.3f} M values\n")
-    print("| dtype | weight MB / token | read GB/s (1 thread) | floor ms / token | ceiling tok/s |")
-    print("|---|---|---|---|---|")
+    rate = gemm_rate()
+    flops = attention_flops(config, args.context)
+    attend = flops / rate
+    print(
+        f"  attention arithmetic (S = {args.context}): {flops / 1e6:.1f} MFLOP a token; float32 GEMM "
+        f"{rate / 1e9:.0f} GFLOP/s ({args.threads} thread(s)): >= {attend * 1e3:.3f} ms\n"
+    )
+    print(
+        "| dtype | weight MB / token | read GB/s | floor ms / token | ceiling tok/s "
+        "| floor + attention arithmetic ms | its ceiling tok/s |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, dtype in DTYPES.items():
         nbytes = (total + kv) * torch.finfo(dtype).bits // 8
         bandwidth = read_bandwidth(nbytes, dtype)
         floor = nbytes / bandwidth
+        both = floor + attend
         print(
-            f"| {name} | {nbytes / 1e6:.1f} | {bandwidth / 1e9:.1f} | {floor * 1e3:.3f} | {1 / floor:.0f} |"
+            f"| {name} | {nbytes / 1e6:.1f} | {bandwidth / 1e9:.1f} | {floor * 1e3:.3f} | {1 / floor:.0f} "
+            f"| {both * 1e3:.3f} | {1 / both:.0f} |"
         )
 
 

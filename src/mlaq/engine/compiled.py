@@ -80,6 +80,7 @@ class CompiledLatentLM(DeepseekLatentLM):
             layer.self_attn.prefill_kernel = self.kernel
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
         pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms)
+        self._settings = _Settings(backend)  # in force while a step's pieces run (and may compile)
         n = model.config.num_hidden_layers
         self._head = _compiled(pieces.head, backend)
         self._between = [_compiled(_at(pieces.between, i), backend) for i in range(n - 1)]
@@ -106,10 +107,11 @@ class CompiledLatentLM(DeepseekLatentLM):
         self._unchanged()
         cache = GatheredCache(past, self._latent_width, first_layer=0, room=room)
         step = self.model.step_positions(input_ids, cache, 0, positions)
-        p = self._head(input_ids, step.positions, step.cos, step.sin)
-        for i, piece in enumerate(self._between):
-            p = piece(p[0], self._attend(i, cache, step, p), step.positions, step.cos, step.sin)
-        logits, hidden = self._tail(p[0], self._attend(len(self._between), cache, step, p), logits_index)
+        with self._settings:
+            p = self._head(input_ids, step.positions, step.cos, step.sin)
+            for i, piece in enumerate(self._between):
+                p = piece(p[0], self._attend(i, cache, step, p), step.positions, step.cos, step.sin)
+            logits, hidden = self._tail(p[0], self._attend(len(self._between), cache, step, p), logits_index)
         return LMOutput(logits, hidden, tuple(cache.entries))
 
     @torch.no_grad()
@@ -131,8 +133,11 @@ class CompiledLatentLM(DeepseekLatentLM):
         index = m.config.num_hidden_layers
         cache = GatheredCache([past], self._latent_width, first_layer=index)
         where = m.step_positions(input_ids, cache, index, positions)
-        projected = self._mtp_head(input_ids, hidden, where.positions, where.cos, where.sin)
-        logits, y = self._mtp_tail(projected[0], self._attend(index, cache, where, projected), logits_index)
+        with self._settings:
+            projected = self._mtp_head(input_ids, hidden, where.positions, where.cos, where.sin)
+            logits, y = self._mtp_tail(
+                projected[0], self._attend(index, cache, where, projected), logits_index
+            )
         return LMOutput(logits, y, tuple(cache.entries))
 
     def _absorbed_weights(self) -> tuple[object, ...]:
@@ -198,7 +203,8 @@ def _at(piece: Callable[..., Any], i: int) -> Callable[..., Any]:
 
 
 class _Settings:
-    """torch config values set only while a compiled step runs (and may trace / compile), then restored.
+    """torch config values set only while a compiled step runs (and may trace / compile), then restored;
+    entered once a step around all its pieces (the eager attention between them reads none of them).
 
     ``freezing``: inductor treats the model's parameters as constants (linear weights prepacked for
     MKL, casts of weights folded); it is read while dynamo traces, so ``torch.compile(options=...)``
@@ -253,13 +259,7 @@ def _compiled(
     fn: Callable[..., Any], backend: str, *, guards: Callable[..., list[bool]] = inputs_only
 ) -> Callable[..., Any]:
     """``fn`` compiled in a region of its own, guarded on its inputs, with room for the shapes one run
-    produces; parameters frozen (inductor)."""
+    produces; parameters frozen (inductor) when called under ``_Settings`` (as ``CompiledLatentLM``
+    calls its pieces: once a step, not once a piece: each swap costs microseconds)."""
     options = {"guard_filter_fn": guards}
-    compiled = torch.compile(fn, backend=backend, dynamic=None, options=options, isolate_recompiles=True)
-    settings = _Settings(backend)
-
-    def call(*args: Any) -> Any:
-        with settings:
-            return compiled(*args)
-
-    return call
+    return torch.compile(fn, backend=backend, dynamic=None, options=options, isolate_recompiles=True)
