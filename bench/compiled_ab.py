@@ -2,7 +2,7 @@
 process (this VM's speed drifts: only side-by-side figures mean anything; bench/RESULTS.md "Change 7",
 "Change 9").
 
-    python bench/compiled_ab.py BATCH [--against eager|unfolded|torch|autotune] [--prompt-len 512] [--new-tokens 48]
+    python bench/compiled_ab.py BATCH [--against eager|unfolded|torch|autotune|pieces] [--prompt-len 512] [--new-tokens 48]
         [--rounds 3] [--threads 2] [--model DIR]
 
 ``--against eager`` (default): the eager engine. ``--against unfolded``: ``compile=True`` with the
@@ -10,7 +10,9 @@ absorbed BMMs run eagerly beside the attention (``CompiledLatentLM(fold_bmms=Fal
 "Change 9") instead of inside the compiled pieces. ``--against torch``: ``compile=True`` attending with
 torch's fused kernel (``CompiledLatentLM(attention="torch")``, as before "Change 10") instead of mlaq's.
 ``--against autotune``: ``compile=True`` against itself with vLLM's ``compilation_config=
-{"inductor_compile_config": {"max_autotune": true}}`` ("Change 11"; its warm-up is about a minute longer).
+{"inductor_compile_config": {"max_autotune": true}}`` ("Change 11"; its warm-up is about a minute longer). ``--against pieces``: ``compile=True`` with the
+``bf16`` scheme's BMMs inside the compiled pieces (``CompiledLatentLM(kernel_bmms=False)``, before "Change 11")
+instead of in mlaq's kernel beside the attention.
 Both engines load the same checkpoint (bundled mlaq-tiny-4k by default) in bf16; greedy, ignore_eos,
 random prompt ids; decode = (generate N+1 tokens - generate 1) / N. Warm-ups (compiles for this batch
 shape) are printed and excluded. Not a test.
@@ -36,7 +38,7 @@ from decode_budget import ab_setup, decode_rate  # noqa: E402
 
 
 def main() -> None:
-    a, prompts = ab_setup(__doc__, against=["eager", "unfolded", "torch", "autotune"])
+    a, prompts = ab_setup(__doc__, against=["eager", "unfolded", "torch", "autotune", "pieces"])
     kw = {"max_num_seqs": max(a.batch, 16)}
     if a.against == "autotune":
         tuned = {"inductor_compile_config": {"max_autotune": True}}
@@ -44,7 +46,12 @@ def main() -> None:
     elif a.against == "eager":
         other = LLM(a.model, dtype=torch.bfloat16, **kw)
     else:
-        choice = {"fold_bmms": False} if a.against == "unfolded" else {"attention": "torch"}
+        choices = {
+            "unfolded": {"fold_bmms": False},
+            "torch": {"attention": "torch"},
+            "pieces": {"kernel_bmms": False},
+        }
+        choice = choices[a.against]
         other = LLM(CompiledLatentLM(load_model(a.model, dtype=torch.bfloat16), **choice), **kw)
     engines = {a.against: other, "compiled": LLM(a.model, compile=True, dtype=torch.bfloat16, **kw)}
     for name, llm in engines.items():

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from mlaq.engine.adapter import DeepseekLatentLM
 from mlaq.engine.compiled import CompiledLatentLM
 from mlaq.engine.llm import LLM
 from mlaq.engine.sampling_params import SamplingParams
@@ -171,27 +172,37 @@ def test_compiled_pieces_are_guarded_on_their_inputs_only(checkpoint):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_attention_kernels_give_eager_tokens(checkpoint, monkeypatch, dtype):
-    """``attention="mlaq"`` (mlaq's C kernel: decode, verification and a lone prompt's causal prefill)
-    and ``attention="torch"`` (torch's fused kernel): eager's greedy tokens, plain and with MTP."""
+    """``attention="mlaq"`` (mlaq's C kernel: decode, verification and a lone prompt's causal prefill;
+    in bf16 also the ``bf16`` scheme's two BMMs) and ``attention="torch"`` (torch's fused kernel): eager's
+    greedy tokens, plain and with MTP, one prompt and three of different lengths."""
     from mlaq.model.mla_kernel import MlaKernel
 
     calls: list[str] = []
-    for name in ("attend", "prefill"):
+    for name in ("attend", "prefill", "absorb", "up"):
         real = getattr(MlaKernel, name)
         monkeypatch.setattr(
             MlaKernel, name, lambda self, *a, _r=real, _n=name: calls.append(_n) or _r(self, *a)
         )
+
+    def loaded():
+        model = load_model(checkpoint, dtype=dtype)
+        if dtype == torch.bfloat16:  # the bf16 scheme (a bf16 checkpoint's default; this one is fp32)
+            for layer in model.model.layers:
+                layer.self_attn.prepare("bf16")
+        return model
+
     spec = {"method": "mtp", "num_speculative_tokens": 2}
+    eager = LLM(DeepseekLatentLM(loaded()), max_model_len=64)
     for attention in ("mlaq", "torch"):
         calls.clear()
-        model = CompiledLatentLM(
-            load_model(checkpoint, dtype=dtype), backend="aot_eager", attention=attention
-        )
+        model = CompiledLatentLM(loaded(), backend="aot_eager", attention=attention)
         assert (model.kernel is not None) == (attention == "mlaq")
-        want = tokens(LLM(checkpoint, max_model_len=64, dtype=dtype), PROMPTS[:1])
-        assert tokens(LLM(model, max_model_len=64), PROMPTS[:1]) == want
-        assert tokens(LLM(model, max_model_len=64, speculative_config=spec), PROMPTS[:1]) == want
+        for prompts in (PROMPTS[:1], PROMPTS):
+            want = tokens(eager, prompts)
+            assert tokens(LLM(model, max_model_len=64), prompts) == want
+            assert tokens(LLM(model, max_model_len=64, speculative_config=spec), prompts) == want
         assert ({"attend", "prefill"} <= set(calls)) == (attention == "mlaq")
+        assert ({"absorb", "up"} <= set(calls)) == (attention == "mlaq" and dtype == torch.bfloat16)
 
 
 def test_max_autotune_gives_eager_tokens_and_touches_torch_only_during_a_step(checkpoint):

@@ -44,11 +44,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mlaq.bmm.base import DenseWeight
 from mlaq.engine.adapter import DeepseekLatentLM, GatheredCache
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
 from mlaq.model.mla_flash import flash_attend, flash_output, flash_queries
-from mlaq.model.mla_kernel import KernelUnavailable, MlaKernel, load_kernel
+from mlaq.model.mla_kernel import BMM_COLS, KernelUnavailable, MlaKernel, Panels, load_kernel, pack_panels
 from mlaq.model.step import StepPositions
 from mlaq.model.step_pieces import Projected, StepPieces
 
@@ -69,6 +70,7 @@ class CompiledLatentLM(DeepseekLatentLM):
         fold_bmms: bool = True,
         attention: str = "auto",
         max_autotune: bool = False,
+        kernel_bmms: bool = True,
     ) -> None:
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build).
         ``fold_bmms=False``: the absorbed BMMs run eagerly beside the attention whatever the scheme
@@ -80,7 +82,8 @@ class CompiledLatentLM(DeepseekLatentLM):
         for layer in model.model.layers:  # prompts (eager, naive path) attend in the same kernel
             layer.self_attn.prefill_kernel = self.kernel
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
-        pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms)
+        self._panels = _kernel_panels(model, self.kernel) if kernel_bmms and fold_bmms else {}
+        pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms, outside=frozenset(self._panels))
         self._settings = _Settings(
             backend, max_autotune=max_autotune
         )  # in force while a step's pieces run (and may compile)
@@ -164,6 +167,11 @@ class CompiledLatentLM(DeepseekLatentLM):
         keys, _ = cache.update(i, step, latent, None)  # (B, K, L+R)
         w = attn._checked_absorbed()  # kv_b_proj unchanged since prepare (the pieces cannot check)
         c = attn.config
+        panels = self._panels.get(i)
+        if panels is not None and self.kernel is not None:  # BMM #1, attention, BMM #2 in mlaq's kernel
+            folded = self.kernel.absorb(q, panels[0])
+            o = self._over_cache(folded, keys, step.mask, c.num_heads, attn.softmax_scale, c.kv_lora_rank)
+            return self.kernel.up(o, panels[1], q.shape[1])
         if self._pieces.folds(i):
             return self._over_cache(q, keys, step.mask, c.num_heads, attn.softmax_scale, c.kv_lora_rank)
         q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
@@ -179,6 +187,25 @@ class CompiledLatentLM(DeepseekLatentLM):
         if self.kernel is not None and self.kernel.supports(q, keys, lora):
             return self.kernel.attend(q, keys, mask, n, scale, lora)
         return flash_attend(q, keys, mask, n, scale)
+
+
+def _kernel_panels(model: DeepseekForCausalLM, kernel: MlaKernel | None) -> dict[int, tuple[Panels, Panels]]:
+    """Layer index -> its W_UK and W_UV^T packed for mlaq's kernel, for the layers whose two BMMs the
+    kernel computes exactly: both the ``bf16`` scheme, bf16 model, widths multiples of BMM_COLS."""
+    if kernel is None or model.dtype != torch.bfloat16:
+        return {}
+    panels = {}
+    for i, layer in enumerate(model.model.layers):
+        w = layer.self_attn.absorbed
+        if w is None or not (w.scheme_uk.name == w.scheme_uv.name == "bf16"):
+            continue
+        uk, uv = w.w_uk, w.w_uv
+        if not (isinstance(uk, DenseWeight) and isinstance(uv, DenseWeight)):
+            continue
+        if uk.weight.dtype != torch.bfloat16 or uk.shape[2] % BMM_COLS or uv.shape[2] % BMM_COLS:
+            continue
+        panels[i] = (pack_panels(uk.weight), pack_panels(uv.weight))
+    return panels
 
 
 def _attention_kernel(attention: str) -> MlaKernel | None:

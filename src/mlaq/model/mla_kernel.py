@@ -43,9 +43,11 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("csrc") / "mla_kernel.c"
-HEADER = SOURCE.with_name("mla_vec.h")  # included by SOURCE: part of what a build is keyed by
+BMM_SOURCE = SOURCE.with_name("mla_bmm.c")  # the absorbed BMMs in the bf16 scheme's arithmetic, same library
+HEADER = SOURCE.with_name("mla_vec.h")  # included by both: part of what a build is keyed by
 FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
 LANES = 16  # the C source's LANES: key and value widths must be multiples
+BMM_COLS = 32  # mla_bmm.c's COLS: the BMMs' output widths (L, V) must be multiples
 # Causal prefill of T = K tokens, 4 heads of 192 / 128, bf16, 2 threads, AMD EPYC Zen 4: this kernel / torch's
 # flash kernel (ms) 0.88 / 1.27 at 256, 3.4 / 4.8 at 512, 12.7 / 14.0 at 1024, 28.3 / 26.4 at 1536, 49.4 / 43.7
 # at 2048 (bench/RESULTS.md "Change 10"): prompts attend in this kernel up to 1024 keys.
@@ -54,6 +56,31 @@ PREFILL_MAX_KEYS = 1024
 # dv, scale, out
 _ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 _ARGS += [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
+# mla_absorb_bf16: q, w_uk, batch, t, heads, p, r, l, out; mla_up_bf16: o, o_width, w_uv, batch, t, heads, l, v, out
+_ABSORB_ARGS = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 6 + [ctypes.c_void_p]
+_UP_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
+
+
+@dataclass(frozen=True, eq=False)
+class Panels:
+    """A (N, K, M) bf16 BMM weight packed for ``csrc/mla_bmm.c``: per head, M / BMM_COLS panels of
+    (K, BMM_COLS), each contiguous (:func:`pack_panels`)."""
+
+    data: Tensor  # (N, M / BMM_COLS, K, BMM_COLS) bf16, contiguous
+    shape: tuple[int, int, int]  # (N, K, M) of the weight it packs
+
+
+def pack_panels(weight: Tensor) -> Panels:
+    """A (N, K, M) bf16 weight (M a multiple of BMM_COLS) in the panels :meth:`MlaKernel.absorb` and
+    :meth:`MlaKernel.up` read front to back: once per model, not per step."""
+    n, k, m = weight.shape
+    if weight.dtype != torch.bfloat16 or m % BMM_COLS:
+        raise ValueError(
+            f"pack_panels takes a bf16 (N, K, M) weight, M a multiple of {BMM_COLS}; got "
+            f"{tuple(weight.shape)} {weight.dtype}"
+        )
+    data = weight.reshape(n, k, m // BMM_COLS, BMM_COLS).permute(0, 2, 1, 3).contiguous()
+    return Panels(data, (n, k, m))
 
 
 class KernelUnavailable(RuntimeError):
@@ -63,7 +90,8 @@ class KernelUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class MlaKernel:
     """The compiled kernel: decode over the latent cache (:meth:`attend`) and causal prefill over
-    decompressed keys (:meth:`prefill`), bf16 or float32 operands."""
+    decompressed keys (:meth:`prefill`), bf16 or float32 operands; the absorbed BMMs around a decode's
+    attention in the ``bf16`` scheme's arithmetic (:meth:`absorb`, :meth:`up`; ``csrc/mla_bmm.c``)."""
 
     library: ctypes.CDLL
     path: Path
@@ -142,6 +170,44 @@ class MlaKernel:
         self._run(q.contiguous(), keys, values, v, None, True, b * n, 1, t, d, v, scale, out)
         return out
 
+    def absorb(self, q: Tensor, w_uk: Panels) -> Tensor:
+        """BMM #1 as the ``bf16`` scheme computes it (``Bf16Reference``: exact products summed in float64,
+        rounded to fp32 then bf16) with the heads folded into the query axis, what ``mla_flash.flash_queries``
+        gives for that scheme: q (B, T, N, P+R) bf16 = [q_nope | q_pe], W_UK (N, P, L) packed by
+        :func:`pack_panels` -> (B, 1, N*T, L+R) bf16, row h*T + i = [q_nope[i, h] W_UK[h] | q_pe[i, h]]."""
+        b, t, n, width = q.shape
+        _, p, lora = w_uk.shape
+        _agree(
+            q.dtype == torch.bfloat16 and w_uk.shape[0] == n and width > p,
+            f"bf16 q (B, T, N, P+R) and W_UK (N, P, L), got {tuple(q.shape)} {q.dtype}, {w_uk.shape}",
+        )
+        out = torch.empty(b, 1, n * t, lora + width - p, dtype=torch.bfloat16)
+        q = q.contiguous()
+        status = self.library.mla_absorb_bf16(
+            q.data_ptr(), w_uk.data.data_ptr(), b, t, n, p, width - p, lora, out.data_ptr()
+        )
+        _allocated(status)
+        return out
+
+    def up(self, o: Tensor, w_uv: Panels, t: int) -> Tensor:
+        """BMM #2 as the ``bf16`` scheme computes it, on :meth:`attend`'s output, what
+        ``mla_flash.flash_output`` gives for that scheme: o (B, 1, N*T, >= L) bf16 (its first L columns),
+        W_UV^T (N, L, V) packed by :func:`pack_panels` -> (B, T, N, V) bf16."""
+        b, one, rows, width = o.shape
+        n, lora, v = w_uv.shape
+        _agree(
+            o.dtype == torch.bfloat16 and one == 1 and rows == n * t and width >= lora,
+            f"bf16 o (B, 1, N*T, >= L) and W_UV^T (N, L, V) with T = {t}, got {tuple(o.shape)} {o.dtype}, "
+            f"{w_uv.shape}",
+        )
+        out = torch.empty(b, t, n, v, dtype=torch.bfloat16)
+        o = o.contiguous()
+        status = self.library.mla_up_bf16(
+            o.data_ptr(), width, w_uv.data.data_ptr(), b, t, n, lora, v, out.data_ptr()
+        )
+        _allocated(status)
+        return out
+
     def _check(self, q: Tensor, keys: Tensor, value_dim: int, values: Tensor | None) -> None:
         if not self.supports(q, keys, value_dim, values):
             raise ValueError(
@@ -161,8 +227,12 @@ class MlaKernel:
             None if mask is None else mask.data_ptr(), int(causal), batch, heads, t, k, d, dv, scale,
             out.data_ptr(),
         )  # fmt: skip
-        if status != 0:
-            raise MemoryError("mlaq's attention kernel could not allocate its scratch buffers")
+        _allocated(status)
+
+
+def _allocated(status: int) -> None:
+    if status != 0:
+        raise MemoryError("mlaq's attention kernel could not allocate its scratch buffers")
 
 
 def _agree(ok: bool, expected: str) -> None:
@@ -183,7 +253,7 @@ def load_kernel(compiler: str | None = None, *, march: str = "native") -> MlaKer
     flags = (*FLAGS, f"-march={march}")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     cpu = _cpu_flags() if march == "native" else ""
-    texts = [SOURCE.read_text(), HEADER.read_text()]
+    texts = [SOURCE.read_text(), BMM_SOURCE.read_text(), HEADER.read_text()]
     key = hashlib.sha256("\0".join([*texts, *flags, cc, version, cpu]).encode()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / f"mlaq-kernels-{os.getuid()}"
     path = folder / f"mla_kernel-{key}.so"
@@ -191,19 +261,28 @@ def load_kernel(compiler: str | None = None, *, march: str = "native") -> MlaKer
         folder.mkdir(mode=0o700, exist_ok=True)
         partial = folder / f".{path.name}.{os.getpid()}.tmp"
         run = subprocess.run(
-            [cc, *flags, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True, text=True
+            [cc, *flags, str(SOURCE), str(BMM_SOURCE), "-o", str(partial), "-lm"],
+            capture_output=True,
+            text=True,
         )
         if run.returncode != 0:
             partial.unlink(missing_ok=True)
-            raise KernelUnavailable(f"{cc} could not build {SOURCE.name}:\n{run.stderr.strip()[-2000:]}")
+            raise KernelUnavailable(
+                f"{cc} could not build {SOURCE.name} / {BMM_SOURCE.name}:\n{run.stderr.strip()[-2000:]}"
+            )
         os.replace(partial, path)  # whole or not at all: another process may be loading it
     try:
         library = ctypes.CDLL(str(path))
     except OSError as e:
         raise KernelUnavailable(f"could not load {path}: {e}") from None
-    for name in ("mla_attend_bf16", "mla_attend_f32"):
+    for name, args in (
+        ("mla_attend_bf16", _ARGS),
+        ("mla_attend_f32", _ARGS),
+        ("mla_absorb_bf16", _ABSORB_ARGS),
+        ("mla_up_bf16", _UP_ARGS),
+    ):
         fn = getattr(library, name)
-        fn.argtypes, fn.restype = _ARGS, ctypes.c_int
+        fn.argtypes, fn.restype = args, ctypes.c_int
     return MlaKernel(library, path)
 
 

@@ -53,8 +53,11 @@ class _Experts(torch.nn.Module):
 class StepPieces:
     """The trace-friendly pieces of ``model``'s absorbed-path steps (main layers, and MTP layer 0)."""
 
-    def __init__(self, model: DeepseekForCausalLM, *, fold_bmms: bool = True) -> None:
-        """``fold_bmms=False``: every layer's BMMs stay outside the pieces (A/B measurements)."""
+    def __init__(
+        self, model: DeepseekForCausalLM, *, fold_bmms: bool = True, outside: frozenset[int] = frozenset()
+    ) -> None:
+        """``fold_bmms=False``: every layer's BMMs stay outside the pieces (A/B measurements);
+        ``outside``: layers whose BMMs the caller runs itself (mlaq's C kernel, ``mlaq.engine.compiled``)."""
         for layer in model.model.layers:
             if layer.indexer_kind is not None:
                 raise ValueError(
@@ -63,6 +66,7 @@ class StepPieces:
                 )
         self.model = model
         self.fold_bmms = fold_bmms
+        self.outside = outside
         self.experts = [self._stacked(layer) for layer in model.model.layers]
 
     @staticmethod
@@ -125,7 +129,7 @@ class StepPieces:
     def _folded_weights(self, i: int) -> AbsorbedWeights | None:
         w = self.model.model.layers[i].self_attn.absorbed
         ok = w is not None and w.scheme_uk.compiles_exactly and w.scheme_uv.compiles_exactly
-        return w if self.fold_bmms and ok else None
+        return w if self.fold_bmms and ok and i not in self.outside else None
 
     def _project(self, i: int, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
         attn = self.model.model.layers[i].self_attn

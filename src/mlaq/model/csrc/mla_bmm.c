@@ -1,0 +1,160 @@
+/* MLA's two absorbed BMMs in the `bf16` scheme's exact arithmetic (mlaq.bmm.base.Bf16Reference), in C.
+ *
+ * Built with mla_kernel.c into one library by mlaq/model/mla_kernel.py (read that first). Per head n and
+ * query row r (batch row b, token i), with bf16 operands widened exactly:
+ *
+ *     y[r, m] = bf16( f32( sum_k x[r, k] * w[n, k, m] ) )      the sum in float64, k = 0, 1, ..., K-1
+ *
+ * Products of two bf16 values have at most 16 significant bits, so each is exact in float64 (a fused
+ * multiply-add gives the same bits as a multiply then an add); the float64 sum of K <= 4096 of them is
+ * exact but for terms more than ~2^25 below the largest, far beneath an fp32 rounding step. The result is
+ * rounded once to fp32, then to bf16, as the scheme's `torch.bmm(x.double(), w.double()).float()` then
+ * `.to(bfloat16)`: the same bits but when the float64 sum lies within 2^-53 relative of an fp32 rounding
+ * boundary (tests compare with the scheme). Weights are read in bf16 (the scheme's storage: 4x fewer bytes
+ * than the float64 copy the torch emulation multiplies).
+ *
+ * Each head's weight comes packed in column panels (M / COLS, K, COLS), made once (mla_kernel.pack_panels).
+ *
+ *     mla_absorb_bf16: BMM #1 and the fold of the heads into the query axis (mla_flash.flash_queries):
+ *         q (B, T, N, P+R) -> out (B, N*T, L+R), out[b, n*T+i] = [q_nope W_UK[n] | q_pe]
+ *     mla_up_bf16: BMM #2 on the attention's output (mla_flash.flash_output):
+ *         o (B, N*T, L) -> out (B, T, N, V), out[b, i, n] = o[b, n*T+i] W_UV^T[n]
+ *
+ * Work items (head, group of up to GROUP query rows) run in parallel; each row's sum is one thread's, in
+ * the order above, whatever the thread count. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mla_vec.h"
+
+#define GROUP 4 /* query rows that share one pass over a head's weight */
+#define COLS 32 /* output columns per register block: 4 vectors of 8 doubles */
+
+typedef double vd __attribute__((vector_size(8 * sizeof(double))));
+typedef uint16_t u16x8 __attribute__((vector_size(8 * sizeof(uint16_t))));
+typedef uint32_t u32x8 __attribute__((vector_size(8 * sizeof(uint32_t))));
+
+static inline vd splat_d(double x) { return (vd){x, x, x, x, x, x, x, x}; }
+
+#if defined(__AVX512F__)
+/* 16 bf16 values widened exactly to two vectors of 8 doubles (bf16 = the top half of a float32). */
+static inline void widen16(const uint16_t *w, vd *lo, vd *hi) {
+    __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)w)), 16);
+    __m512d halves = _mm512_castsi512_pd(u);
+    *lo = (vd)_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_castpd512_pd256(halves)));
+    *hi = (vd)_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(halves, 1)));
+}
+
+/* a * b + c: the product of two widened bf16 values is exact, so fused or not gives the same bits. */
+static inline vd fma_d(vd a, vd b, vd c) { return (vd)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c); }
+#else
+static inline vd widen8(const uint16_t *w) {
+    u16x8 h;
+    memcpy(&h, w, sizeof h);
+    u32x8 u = __builtin_convertvector(h, u32x8) << 16;
+    half8 f;
+    memcpy(&f, &u, sizeof f);
+    return __builtin_convertvector(f, vd);
+}
+
+static inline void widen16(const uint16_t *w, vd *lo, vd *hi) {
+    *lo = widen8(w);
+    *hi = widen8(w + 8);
+}
+
+static inline vd fma_d(vd a, vd b, vd c) { return a * b + c; }
+#endif
+
+/* Columns m0 .. m0+COLS-1 of y[g] = rounded sum_k x[g * xs + k] * w[k, m], g < rows, from the weight's
+ * panel of those columns (K x COLS, contiguous: read front to back): the sums of rows x COLS outputs held
+ * in registers while k runs, each weight element widened once for all rows. `rows` is a constant at each
+ * call site (see rows_times_weight), so the loops over it unroll. */
+static inline __attribute__((always_inline)) void column_block(const uint16_t *x, int64_t xs, int rows,
+                                                               const uint16_t *panel, int64_t k_dim, int64_t m0,
+                                                               uint16_t *y, int64_t ys) {
+    vd acc[GROUP][COLS / 8];
+    for (int g = 0; g < rows; g++)
+        for (int j = 0; j < COLS / 8; j++) acc[g][j] = (vd){0};
+    for (int64_t k = 0; k < k_dim; k++) {
+        vd wv[COLS / 8];
+        for (int j = 0; j < COLS / 8; j += 2) widen16(panel + k * COLS + 8 * j, &wv[j], &wv[j + 1]);
+        for (int g = 0; g < rows; g++) {
+            vd xg = splat_d((double)bf16_to_f32(x[g * xs + k]));
+            for (int j = 0; j < COLS / 8; j++) acc[g][j] = fma_d(xg, wv[j], acc[g][j]);
+        }
+    }
+    for (int g = 0; g < rows; g++)
+        for (int j = 0; j < COLS / 8; j++)
+            for (int e = 0; e < 8; e++) y[g * ys + m0 + 8 * j + e] = f32_to_bf16((float)acc[g][j][e]);
+}
+
+/* y[g, :M] = rounded sum_k x[g * x_stride + k] * w[k, m] for g < rows (<= GROUP), w one head's weight
+ * packed in panels (M / COLS, K, COLS) (mla_kernel.pack_panels: each panel read front to back; walking
+ * down the columns of a (K, M) weight instead crosses a page every few rows and starves the prefetcher). */
+static void rows_times_weight(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *w, int64_t k_dim,
+                              int64_t m_dim, uint16_t *y, int64_t y_stride) {
+    for (int64_t m0 = 0; m0 < m_dim; m0 += COLS) {
+        const uint16_t *panel = w + m0 * k_dim; /* panel m0 / COLS: K x COLS values */
+        switch (rows) { /* a constant row count per branch: the accumulators stay in registers */
+        case 1: column_block(x, x_stride, 1, panel, k_dim, m0, y, y_stride); break;
+        case 2: column_block(x, x_stride, 2, panel, k_dim, m0, y, y_stride); break;
+        case 3: column_block(x, x_stride, 3, panel, k_dim, m0, y, y_stride); break;
+        default: column_block(x, x_stride, 4, panel, k_dim, m0, y, y_stride); break;
+        }
+    }
+}
+
+/* q (B, T, N, P+R) rows contiguous, w_uk (N, P, L) in panels -> out (B, N*T, L+R). Work item: head n and the
+ * query rows r0 .. r0+GROUP-1 (r = b*T + i, consecutive in q with stride N*(P+R); a group may span batch
+ * rows, so results are written row by row). Returns 0, or -1 when scratch could not be allocated. */
+int mla_absorb_bf16(const uint16_t *q, const uint16_t *w_uk, int64_t batch, int64_t t, int64_t heads, int64_t p,
+                    int64_t r, int64_t l, uint16_t *out) {
+    int64_t width = p + r, groups = (batch * t + GROUP - 1) / GROUP;
+    int failed = 0;
+#pragma omp parallel for schedule(static) if (heads * groups > 1)
+    for (int64_t item = 0; item < heads * groups; item++) {
+        int64_t n = item / groups, r0 = item % groups * GROUP;
+        int64_t rows = batch * t - r0 < GROUP ? batch * t - r0 : GROUP;
+        uint16_t *y = malloc((size_t)(GROUP * l) * sizeof(uint16_t));
+        if (!y) {
+            failed = 1;
+            continue;
+        }
+        rows_times_weight(q + (r0 * heads + n) * width, heads * width, rows, w_uk + n * p * l, p, l, y, l);
+        for (int64_t g = 0; g < rows; g++) {
+            int64_t b = (r0 + g) / t, i = (r0 + g) % t;
+            uint16_t *dst = out + (b * heads * t + n * t + i) * (l + r);
+            memcpy(dst, y + g * l, (size_t)l * sizeof(uint16_t));
+            memcpy(dst + l, q + ((r0 + g) * heads + n) * width + p, (size_t)r * sizeof(uint16_t));
+        }
+        free(y);
+    }
+    return failed ? -1 : 0;
+}
+
+/* o (B, N*T, o_width) whose first L columns are the attention's output, w_uv (N, L, V) in panels -> out (B, T, N, V).
+ * Work item: head n and query rows r0 .. r0+GROUP-1 (o row b*N*T + n*T + i, gathered one by one; out
+ * rows consecutive with stride N*V). Returns 0, or -1 when scratch could not be allocated. */
+int mla_up_bf16(const uint16_t *o, int64_t o_width, const uint16_t *w_uv, int64_t batch, int64_t t,
+                int64_t heads, int64_t l, int64_t v, uint16_t *out) {
+    int64_t groups = (batch * t + GROUP - 1) / GROUP;
+    int failed = 0;
+#pragma omp parallel for schedule(static) if (heads * groups > 1)
+    for (int64_t item = 0; item < heads * groups; item++) {
+        int64_t n = item / groups, r0 = item % groups * GROUP;
+        int64_t rows = batch * t - r0 < GROUP ? batch * t - r0 : GROUP;
+        uint16_t *x = malloc((size_t)(GROUP * l) * sizeof(uint16_t));
+        if (!x) {
+            failed = 1;
+            continue;
+        }
+        for (int64_t g = 0; g < rows; g++) {
+            int64_t b = (r0 + g) / t, i = (r0 + g) % t;
+            memcpy(x + g * l, o + (b * heads * t + n * t + i) * o_width, (size_t)l * sizeof(uint16_t));
+        }
+        rows_times_weight(x, l, rows, w_uv + n * l * v, l, v, out + (r0 * heads + n) * v, heads * v);
+        free(x);
+    }
+    return failed ? -1 : 0;
+}
