@@ -170,6 +170,21 @@ def test_compiled_pieces_are_guarded_on_their_inputs_only(checkpoint):
     assert counters["stats"]["unique_graphs"] == 0
 
 
+def test_module_globals_the_pieces_read_are_not_guarded(checkpoint, monkeypatch):
+    """Nor the identity of the module functions the pieces call (checked on every call by default): a
+    function rebound after the pieces compiled is not seen by them, and nothing recompiles."""
+    from mlaq.model import mla
+
+    model = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")
+    llm = LLM(model, max_model_len=64)
+    want = tokens(llm, PROMPTS[:1])
+    counters.clear()
+    real = mla.rotate
+    monkeypatch.setattr(mla, "rotate", lambda *a, **k: real(*a, **k))
+    assert tokens(llm, PROMPTS[:1]) == want
+    assert counters["stats"]["unique_graphs"] == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_attention_kernels_give_eager_tokens(checkpoint, monkeypatch, dtype):
     """``attention="mlaq"`` (mlaq's C kernel: decode, verification and a lone prompt's causal prefill;

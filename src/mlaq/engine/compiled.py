@@ -269,18 +269,22 @@ class _Settings:
 
 # The roots of the guards on a piece's own state: the StepPieces of ``head`` / ``mtp_*`` (a bound method:
 # ``self``), the bound method and layer index that ``_at`` closes over (``piece``, ``i``). Everything the
-# model holds hangs below them. A guard's name is a source expression: "piece.__self__.experts",
-# "type(self.model)", ...; its root is the first name after any call wrappers.
-_OWN_STATE = frozenset({"self", "piece", "i"})
+# model holds hangs below them. And ``G``, the globals the pieces' code reads (mlaq's module functions such
+# as ``mla.rotate``, builtins such as ``len``: ~50 identity checks a call). A guard's name is a source
+# expression: "piece.__self__.experts", "type(self.model)", "G['__import_mlaq_dot_model_dot_mla'].rotate",
+# ...; its root is the first name after any call wrappers.
+_OWN_STATE = frozenset({"self", "piece", "i", "G"})
 _ROOT = re.compile(r"^(?:\w+\()*(\w+)")
 
 
 def inputs_only(entries: Sequence[Any]) -> list[bool]:
     """A ``guard_filter_fn``: keep dynamo's guards on the arguments (dtype, shape, strides of each
     input) and on torch's global state; drop those on the piece's own state (hundreds of type, key and
-    tensor checks down the model's modules; bench/RESULTS.md "Change 9"). Safe because each piece has
-    its own compile region (``isolate_recompiles``: no other model's graphs to tell apart) and
-    ``CompiledLatentLM`` refuses to run a model re-prepared after it was built."""
+    tensor checks down the model's modules; bench/RESULTS.md "Change 9") and on the module globals its
+    code reads ("Change 11": batch-1 decode +7-15 %). Safe because each piece has its own compile region
+    (``isolate_recompiles``: no other model's graphs to tell apart), ``CompiledLatentLM`` refuses to run
+    a model re-prepared after it was built, and mlaq never rebinds its module functions (a function
+    monkeypatched after the pieces compiled is not seen by them, as the model's own state is not)."""
     return [_root(e.name) not in _OWN_STATE for e in entries]
 
 
