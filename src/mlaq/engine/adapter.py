@@ -113,11 +113,11 @@ class GatheredCache:
         b, s, e = past.shape
         if self.room is not None:  # write, then read, in place: no copy of the history
             buf = self.room[layer - self.first_layer]  # (B, capacity, E), its first S positions = past
-            if step.uniform:
-                buf[:, step.starts[0] : step.starts[0] + entry.shape[1]] = entry
+            if step.uniform:  # narrow + copy_: a few us against ~10 for a sliced assignment
+                buf.narrow(1, step.starts[0], entry.shape[1]).copy_(entry)
             else:
                 buf.scatter_(1, step.positions[:, :, None].expand(-1, -1, e), entry.to(buf.dtype))
-            keys = buf[:, : step.num_keys]  # (B, K, E); past a row's new tokens: hidden by causality
+            keys = buf.narrow(1, 0, step.num_keys)  # (B, K, E); past a row's new tokens: hidden by causality
         elif step.uniform and step.starts[0] == s:  # every row continues at S: append
             keys = torch.cat((past, entry), dim=1) if s else entry  # (B, K, E)
         else:  # rows at different positions: write each row's entries at its own positions

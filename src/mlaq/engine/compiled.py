@@ -82,6 +82,7 @@ class CompiledLatentLM(DeepseekLatentLM):
         for layer in model.model.layers:  # prompts (eager, naive path) attend in the same kernel
             layer.self_attn.prefill_kernel = self.kernel
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
+        self._attns = [layer.self_attn for layer in model.model.layers]
         self._panels = _kernel_panels(model, self.kernel) if kernel_bmms and fold_bmms else {}
         pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms, outside=frozenset(self._panels))
         self._settings = _Settings(
@@ -163,7 +164,7 @@ class CompiledLatentLM(DeepseekLatentLM):
         attend over every key with torch's fused attention kernel -> ``StepPieces.between``'s o: the
         kernel's output where the pieces run the layer's BMMs, else the absorbed path's (B, T, N, V)."""
         _, q, latent = projected
-        attn = self.model.model.layers[i].self_attn
+        attn = self._attns[i]  # (ModuleList indexing costs ~8 us a call)
         keys, _ = cache.update(i, step, latent, None)  # (B, K, L+R)
         w = attn._checked_absorbed()  # kv_b_proj unchanged since prepare (the pieces cannot check)
         c = attn.config
