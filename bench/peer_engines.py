@@ -2,7 +2,7 @@
 
     python bench/peer_engines.py ENGINE --job JOB.json --out OUT.json
 
-ENGINE: ``vllm`` (run with vLLM's own interpreter), ``mlaq``, ``mlaq-compiled``, ``transformers``,
+ENGINE: ``vllm`` (run with vLLM's own interpreter), ``mlaq``, ``mlaq-compiled``, ``mlaq-autotune``, ``transformers``,
 ``mlaq-fp32`` (mlaq in float32 whatever the job's dtype: the reference of the bf16 noise floor).
 Imports only what ENGINE needs at module level (vLLM's environment has no mlaq), and mlaq from this
 checkout's ``src``. The job (written by ``bench/peer.py``): model, dtype, threads, new_tokens,
@@ -110,7 +110,9 @@ def _vllm_logprobs(lps: Any) -> list[list[tuple[int, float]]]:
 
 # ---- mlaq ------------------------------------------------------------------------------------------
 class MlaqEngine:
-    def __init__(self, job: dict[str, Any], k: int, max_len: int, max_seqs: int, compile: bool) -> None:
+    def __init__(
+        self, job: dict[str, Any], k: int, max_len: int, max_seqs: int, compile: bool, autotune: bool = False
+    ) -> None:
         import torch
 
         sys.path.insert(0, str(REPO / "src"))
@@ -128,6 +130,7 @@ class MlaqEngine:
             max_num_batched_tokens=max(max_len, VLLM_CPU_MLA_BATCHED_TOKENS),
             speculative_config=spec,
             compile=compile,
+            compilation_config={"inductor_compile_config": {"max_autotune": True}} if autotune else None,
         )
 
     def generate(self, prompts: list[list[int]], new: int, logprobs: int | None = None) -> list[Any]:
@@ -201,8 +204,9 @@ class TransformersEngine:
 def make(engine: str, job: dict[str, Any], k: int, max_len: int, max_seqs: int) -> Any:
     if engine == "vllm":
         return VllmEngine(job, k, max_len, max_seqs)
-    if engine in ("mlaq", "mlaq-compiled"):
-        return MlaqEngine(job, k, max_len, max_seqs, compile=engine == "mlaq-compiled")
+    if engine in ("mlaq", "mlaq-compiled", "mlaq-autotune"):
+        compiled = engine != "mlaq"
+        return MlaqEngine(job, k, max_len, max_seqs, compile=compiled, autotune=engine == "mlaq-autotune")
     if engine == "mlaq-fp32":
         return MlaqEngine({**job, "dtype": "float32"}, k, max_len, max_seqs, compile=False)
     if engine == "transformers":
@@ -236,7 +240,7 @@ def run(engine: str, job: dict[str, Any]) -> dict[str, Any]:
                 continue
             prompts = prompt_ids(c["prompt_len"], c["batch"], vocab)
             start = time.perf_counter()
-            eng.generate(prompts, new if engine == "mlaq-compiled" or k else 2)
+            eng.generate(prompts, new if engine in ("mlaq-compiled", "mlaq-autotune") or k else 2)
             warm = time.perf_counter() - start
             before = eng.spec_counters()
             ttft, _ = timed(lambda p=prompts, e=eng: e.generate(p, 1), repeats)
