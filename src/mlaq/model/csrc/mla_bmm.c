@@ -105,56 +105,56 @@ static void rows_times_weight(const uint16_t *x, int64_t x_stride, int64_t rows,
     }
 }
 
-/* q (B, T, N, P+R) rows contiguous, w_uk (N, P, L) in panels -> out (B, N*T, L+R). Work item: head n and the
- * query rows r0 .. r0+GROUP-1 (r = b*T + i, consecutive in q with stride N*(P+R); a group may span batch
- * rows, so results are written row by row). Returns 0, or -1 when scratch could not be allocated. */
-int mla_absorb_bf16(const uint16_t *q, const uint16_t *w_uk, int64_t batch, int64_t t, int64_t heads, int64_t p,
-                    int64_t r, int64_t l, uint16_t *out) {
-    int64_t width = p + r, groups = (batch * t + GROUP - 1) / GROUP;
+/* One BMM over query rows r = b*T + i of every head: work item (head n, rows r0 .. r0+GROUP-1), in parallel.
+ * A row's input (its first k_dim values) is gathered from `src`, multiplied by head n's weight (panels), and
+ * written to `dst`; rows sit in two layouts, flat (B, T, N, .) and folded (B, N*T, .), row b*N*T + n*T + i:
+ *   to_latent (BMM #1): src flat (width = P+R: [q_nope | q_pe]) -> dst folded [y | q_pe] (m_dim + R wide);
+ *   else (BMM #2): src folded (width >= L) -> dst flat (m_dim wide).
+ * Returns 0, or -1 when scratch could not be allocated. */
+static int absorbed_bmm(int to_latent, const uint16_t *src, int64_t width, const uint16_t *w, int64_t batch,
+                        int64_t t, int64_t heads, int64_t k_dim, int64_t m_dim, uint16_t *dst) {
+    int64_t groups = (batch * t + GROUP - 1) / GROUP, rope = width - k_dim;
     int failed = 0;
 #pragma omp parallel for schedule(static) if (heads * groups > 1)
     for (int64_t item = 0; item < heads * groups; item++) {
         int64_t n = item / groups, r0 = item % groups * GROUP;
         int64_t rows = batch * t - r0 < GROUP ? batch * t - r0 : GROUP;
-        uint16_t *y = malloc((size_t)(GROUP * l) * sizeof(uint16_t));
-        if (!y) {
-            failed = 1;
-            continue;
-        }
-        rows_times_weight(q + (r0 * heads + n) * width, heads * width, rows, w_uk + n * p * l, p, l, y, l);
-        for (int64_t g = 0; g < rows; g++) {
-            int64_t b = (r0 + g) / t, i = (r0 + g) % t;
-            uint16_t *dst = out + (b * heads * t + n * t + i) * (l + r);
-            memcpy(dst, y + g * l, (size_t)l * sizeof(uint16_t));
-            memcpy(dst + l, q + ((r0 + g) * heads + n) * width + p, (size_t)r * sizeof(uint16_t));
-        }
-        free(y);
-    }
-    return failed ? -1 : 0;
-}
-
-/* o (B, N*T, o_width) whose first L columns are the attention's output, w_uv (N, L, V) in panels -> out (B, T, N, V).
- * Work item: head n and query rows r0 .. r0+GROUP-1 (o row b*N*T + n*T + i, gathered one by one; out
- * rows consecutive with stride N*V). Returns 0, or -1 when scratch could not be allocated. */
-int mla_up_bf16(const uint16_t *o, int64_t o_width, const uint16_t *w_uv, int64_t batch, int64_t t,
-                int64_t heads, int64_t l, int64_t v, uint16_t *out) {
-    int64_t groups = (batch * t + GROUP - 1) / GROUP;
-    int failed = 0;
-#pragma omp parallel for schedule(static) if (heads * groups > 1)
-    for (int64_t item = 0; item < heads * groups; item++) {
-        int64_t n = item / groups, r0 = item % groups * GROUP;
-        int64_t rows = batch * t - r0 < GROUP ? batch * t - r0 : GROUP;
-        uint16_t *x = malloc((size_t)(GROUP * l) * sizeof(uint16_t));
+        uint16_t *x = malloc((size_t)(GROUP * (k_dim + m_dim)) * sizeof(uint16_t)), *y = x + GROUP * k_dim;
         if (!x) {
             failed = 1;
             continue;
         }
         for (int64_t g = 0; g < rows; g++) {
-            int64_t b = (r0 + g) / t, i = (r0 + g) % t;
-            memcpy(x + g * l, o + (b * heads * t + n * t + i) * o_width, (size_t)l * sizeof(uint16_t));
+            int64_t b = (r0 + g) / t, i = (r0 + g) % t, flat = (r0 + g) * heads + n;
+            int64_t folded = b * heads * t + n * t + i;
+            memcpy(x + g * k_dim, src + (to_latent ? flat : folded) * width, (size_t)k_dim * sizeof(uint16_t));
         }
-        rows_times_weight(x, l, rows, w_uv + n * l * v, l, v, out + (r0 * heads + n) * v, heads * v);
+        rows_times_weight(x, k_dim, rows, w + n * k_dim * m_dim, k_dim, m_dim, y, m_dim);
+        for (int64_t g = 0; g < rows; g++) {
+            int64_t b = (r0 + g) / t, i = (r0 + g) % t, flat = (r0 + g) * heads + n;
+            int64_t folded = b * heads * t + n * t + i;
+            if (to_latent) { /* [y | q_pe] */
+                uint16_t *row = dst + folded * (m_dim + rope);
+                memcpy(row, y + g * m_dim, (size_t)m_dim * sizeof(uint16_t));
+                memcpy(row + m_dim, src + flat * width + k_dim, (size_t)rope * sizeof(uint16_t));
+            } else {
+                memcpy(dst + flat * m_dim, y + g * m_dim, (size_t)m_dim * sizeof(uint16_t));
+            }
+        }
         free(x);
     }
     return failed ? -1 : 0;
+}
+
+/* BMM #1: q (B, T, N, P+R) rows contiguous, w_uk (N, P, L) in panels -> out (B, N*T, L+R) = [q W_UK | q_pe]. */
+int mla_absorb_bf16(const uint16_t *q, const uint16_t *w_uk, int64_t batch, int64_t t, int64_t heads, int64_t p,
+                    int64_t r, int64_t l, uint16_t *out) {
+    return absorbed_bmm(1, q, p + r, w_uk, batch, t, heads, p, l, out);
+}
+
+/* BMM #2: o (B, N*T, o_width) whose first L columns are the attention's output, w_uv (N, L, V) in panels ->
+ * out (B, T, N, V). */
+int mla_up_bf16(const uint16_t *o, int64_t o_width, const uint16_t *w_uv, int64_t batch, int64_t t,
+                int64_t heads, int64_t l, int64_t v, uint16_t *out) {
+    return absorbed_bmm(0, o, o_width, w_uv, batch, t, heads, l, v, out);
 }
