@@ -14,7 +14,7 @@ import torch
 
 from mlaq.bmm import get_scheme
 from mlaq.bmm.registry import scheme_names
-from mlaq.engine.compiled import _Settings
+from mlaq.engine.compile_regions import Settings
 
 EXACT = [name for name in scheme_names() if get_scheme(name).compiles_exactly]
 SHAPES = [(4, 128, 512), (4, 512, 128)]  # (N, K, M)
@@ -50,7 +50,7 @@ def test_compiled_apply_equals_eager_bit_for_bit(rows):
 
     compiled = torch.compile(every_scheme, backend="inductor", dynamic=False)
     xs = [x for *_, x in cases]
-    with _Settings("inductor"), torch.no_grad():
+    with Settings("inductor"), torch.no_grad():
         got = compiled(xs)
     for (name, scheme, w, x), out in zip(cases, got, strict=True):
         want = scheme.apply(x, w)

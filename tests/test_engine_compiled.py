@@ -157,7 +157,7 @@ def test_compiled_bf16_holds_the_resident_latents_in_bf16(checkpoint):
 
 
 def test_compiled_pieces_are_guarded_on_their_inputs_only(checkpoint):
-    """Dynamo checks a piece's arguments, not the model's tensors (mlaq.engine.compiled.inputs_only): a
+    """Dynamo checks a piece's arguments, not the model's tensors (mlaq.engine.compile_regions.inputs_only): a
     weight's metadata changed in a way that leaves every result alone (requires_grad, under no_grad)
     retraces nothing; with dynamo's default guards its TENSOR_MATCH fails and the pieces compile again."""
     model = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")

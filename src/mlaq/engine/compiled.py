@@ -9,9 +9,11 @@ latents into the runner's resident buffer (``mlaq.engine.resident``, held in the
 and attends over it in place, the cache read once with an online softmax as FlashMLA computes, in
 mlaq's own C kernel (``mlaq.model.mla_kernel``, ``attention="mlaq"``; about twice torch's speed at
 batch 32) or torch's fused CPU attention kernel (``mlaq.model.mla_flash``, ``attention="torch"``).
-The absorbed BMMs keep their scheme's exact emulation, whatever the scheme: inside the pieces for the
-schemes inductor reproduces bit for bit (``BmmScheme.compiles_exactly``: bf16, fp32, the FP8 and
-MXFP4 schemes), eagerly beside the attention for the rest. vLLM's piecewise graphs cut its steps at
+The absorbed BMMs keep their scheme's exact emulation, whatever the scheme: the ``bf16`` scheme's in
+mlaq's kernel beside the attention (``MlaKernel.absorb`` / ``.up``: bf16 weights, a quarter of the bytes
+of the float64 copy inductor would read), inside the pieces for the other schemes inductor reproduces
+bit for bit (``BmmScheme.compiles_exactly``: fp32, the FP8 and MXFP4 schemes), eagerly beside the
+attention for the rest. vLLM's piecewise graphs cut its steps at
 attention the same way. Prompts (prefill) stay eager: they run once per request and their lengths
 vary; with mlaq's kernel, their causal attention runs in it too up to 1,024 keys
 (``MLAttention.prefill_kernel``).
@@ -24,7 +26,7 @@ linear weights prepacked) and emits a C++ launcher; both settings apply only whi
 ``CompiledLatentLM`` is a compile region of its own (``isolate_recompiles``), so another ``LLM`` in the
 same process compiles its own (tested), and the process's compile cache keeps the weights of earlier
 ones alive. Within a region dynamo checks only a call's inputs, not the hundreds of attributes down
-the model (``inputs_only``): the model is taken as it was when the pieces were built (frozen weights
+the model (``compile_regions.inputs_only``): the model is taken as it was when the pieces were built (frozen weights
 are constants anyway), and a model whose BMM weights are prepared again is refused.
 
 Compilation happens on first use of each piece and shape (seconds each on a few cores). Tokens
@@ -37,7 +39,6 @@ and ``mlaq validate`` keep the reference arithmetic.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,6 +47,7 @@ from torch import Tensor
 
 from mlaq.bmm.base import DenseWeight
 from mlaq.engine.adapter import DeepseekLatentLM, GatheredCache
+from mlaq.engine.compile_regions import Settings, compiled_region
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
 from mlaq.model.mla_flash import flash_attend, flash_output, flash_queries
@@ -53,8 +55,6 @@ from mlaq.model.mla_kernel import BMM_COLS, KernelUnavailable, MlaKernel, Panels
 from mlaq.model.step import StepPositions
 from mlaq.model.step_pieces import Projected, StepPieces
 
-# Graphs one piece may need in a run: batch sizes x T values (1, k+1), static then dynamic.
-CACHE_SIZE_LIMIT = 64
 ATTENTION_CHOICES = ("auto", "mlaq", "torch")
 LOGGER = logging.getLogger("mlaq.engine")
 
@@ -85,15 +85,14 @@ class CompiledLatentLM(DeepseekLatentLM):
         self._attns = [layer.self_attn for layer in model.model.layers]
         self._panels = _kernel_panels(model, self.kernel) if kernel_bmms and fold_bmms else {}
         pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms, outside=frozenset(self._panels))
-        self._settings = _Settings(
-            backend, max_autotune=max_autotune
-        )  # in force while a step's pieces run (and may compile)
+        # in force while a step's pieces run (and may compile)
+        self._settings = Settings(backend, max_autotune=max_autotune)
         n = model.config.num_hidden_layers
-        self._head = _compiled(pieces.head, backend)
-        self._between = [_compiled(_at(pieces.between, i), backend) for i in range(n - 1)]
-        self._tail = _compiled(_at(pieces.tail, n - 1), backend)
-        self._mtp_head = _compiled(pieces.mtp_head, backend) if model.num_mtp_layers else None
-        self._mtp_tail = _compiled(pieces.mtp_tail, backend) if model.num_mtp_layers else None
+        self._head = compiled_region(pieces.head, backend)
+        self._between = [compiled_region(_at(pieces.between, i), backend) for i in range(n - 1)]
+        self._tail = compiled_region(_at(pieces.tail, n - 1), backend)
+        self._mtp_head = compiled_region(pieces.mtp_head, backend) if model.num_mtp_layers else None
+        self._mtp_tail = compiled_region(pieces.mtp_tail, backend) if model.num_mtp_layers else None
         self._prepared = self._absorbed_weights()  # what the pieces were built for (see _unchanged)
 
     @torch.no_grad()
@@ -151,7 +150,7 @@ class CompiledLatentLM(DeepseekLatentLM):
         return tuple(layer.self_attn.absorbed for layer in self.model.model.layers)
 
     def _unchanged(self) -> None:
-        """The pieces are guarded on their inputs only (``inputs_only``): refuse a model whose BMM
+        """The pieces are guarded on their inputs only (``compile_regions.inputs_only``): refuse a model whose BMM
         weights were prepared again (another scheme) after they were built."""
         if any(now is not then for now, then in zip(self._absorbed_weights(), self._prepared, strict=True)):
             raise ValueError(
@@ -161,8 +160,9 @@ class CompiledLatentLM(DeepseekLatentLM):
 
     def _attend(self, i: int, cache: GatheredCache, step: StepPositions, projected: Projected) -> Tensor:
         """Layer i's attention over the cache, eagerly: write the new latents (as ``DecoderLayer``), then
-        attend over every key with torch's fused attention kernel -> ``StepPieces.between``'s o: the
-        kernel's output where the pieces run the layer's BMMs, else the absorbed path's (B, T, N, V)."""
+        attend over every key in mlaq's kernel or torch's -> ``StepPieces.between``'s o: the kernel's
+        output where the pieces run the layer's BMMs, else the absorbed path's (B, T, N, V) (BMMs in
+        mlaq's kernel for the ``bf16`` scheme, else eagerly in the scheme's torch emulation)."""
         _, q, latent = projected
         attn = self._attns[i]  # (ModuleList indexing costs ~8 us a call)
         keys, _ = cache.update(i, step, latent, None)  # (B, K, L+R)
@@ -231,74 +231,3 @@ def _at(piece: Callable[..., Any], i: int) -> Callable[..., Any]:
         return piece(i, *args)
 
     return bound
-
-
-class _Settings:
-    """torch config values set only while a compiled step runs (and may trace / compile), then restored;
-    entered once a step around all its pieces (the eager attention between them reads none of them).
-
-    ``freezing``: inductor treats the model's parameters as constants (linear weights prepacked for
-    MKL, casts of weights folded); it is read while dynamo traces, so ``torch.compile(options=...)``
-    alone would not apply it. ``cpp_wrapper``: the graph's launcher in C++ instead of Python (fewer
-    microseconds per step). ``emulate_precision_casts``: fused kernels round bf16 / fp16 intermediates
-    where eager does (no effect in fp32; ~10 % slower bf16 steps, but eager's greedy tokens at batch 1
-    on the bundled model, which fp32-held intermediates change). ``max_autotune`` (opt-in): each GEMM
-    timed as inductor's C++ template and as oneDNN's call, the faster kept. Plain attribute swaps:
-    ``config.patch`` costs ~20 us a call."""
-
-    def __init__(self, backend: str, *, max_autotune: bool = False) -> None:
-        inductor = backend == "inductor"
-        self.items = [(torch._dynamo.config, "recompile_limit", CACHE_SIZE_LIMIT)]
-        if inductor:
-            self.items += [(torch._inductor.config, "freezing", True)]
-            self.items += [(torch._inductor.config, "cpp_wrapper", True)]
-            self.items += [(torch._inductor.config, "emulate_precision_casts", True)]
-        if inductor and max_autotune:
-            self.items += [(torch._inductor.config, "max_autotune", True)]
-            self.items += [(torch._inductor.config, "max_autotune_gemm_backends", "CPP,ATEN")]
-        self.saved: list[Any] = []
-
-    def __enter__(self) -> None:
-        self.saved = [getattr(module, name) for module, name, _ in self.items]
-        for module, name, value in self.items:
-            setattr(module, name, value)
-
-    def __exit__(self, *exc: object) -> None:
-        for (module, name, _), value in zip(self.items, self.saved, strict=True):
-            setattr(module, name, value)
-
-
-# The roots of the guards on a piece's own state: the StepPieces of ``head`` / ``mtp_*`` (a bound method:
-# ``self``), the bound method and layer index that ``_at`` closes over (``piece``, ``i``). Everything the
-# model holds hangs below them. And ``G``, the globals the pieces' code reads (mlaq's module functions such
-# as ``mla.rotate``, builtins such as ``len``: ~50 identity checks a call). A guard's name is a source
-# expression: "piece.__self__.experts", "type(self.model)", "G['__import_mlaq_dot_model_dot_mla'].rotate",
-# ...; its root is the first name after any call wrappers.
-_OWN_STATE = frozenset({"self", "piece", "i", "G"})
-_ROOT = re.compile(r"^(?:\w+\()*(\w+)")
-
-
-def inputs_only(entries: Sequence[Any]) -> list[bool]:
-    """A ``guard_filter_fn``: keep dynamo's guards on the arguments (dtype, shape, strides of each
-    input) and on torch's global state; drop those on the piece's own state (hundreds of type, key and
-    tensor checks down the model's modules; bench/RESULTS.md "Change 9") and on the module globals its
-    code reads ("Change 11": batch-1 decode +7-15 %). Safe because each piece has its own compile region
-    (``isolate_recompiles``: no other model's graphs to tell apart), ``CompiledLatentLM`` refuses to run
-    a model re-prepared after it was built, and mlaq never rebinds its module functions (a function
-    monkeypatched after the pieces compiled is not seen by them, as the model's own state is not)."""
-    return [_root(e.name) not in _OWN_STATE for e in entries]
-
-
-def _root(name: str) -> str:
-    match = _ROOT.match(name)
-    return match.group(1) if match else ""
-
-
-def _compiled(
-    fn: Callable[..., Any], backend: str, *, guards: Callable[..., list[bool]] = inputs_only
-) -> Callable[..., Any]:
-    """``fn`` compiled in a region of its own, guarded on its inputs, with room for the shapes one run
-    produces; parameters frozen (inductor) when called under ``_Settings`` (as ``CompiledLatentLM``
-    calls its pieces: once a step, not once a piece: each swap costs microseconds)."""
-    options = {"guard_filter_fn": guards}
-    return torch.compile(fn, backend=backend, dynamic=None, options=options, isolate_recompiles=True)
