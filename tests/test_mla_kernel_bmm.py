@@ -11,7 +11,7 @@ import torch
 from mlaq.bmm import get_scheme
 from mlaq.model.mla_core import AbsorbedWeights, Precision
 from mlaq.model.mla_flash import flash_output, flash_queries
-from mlaq.model.mla_kernel import BMM_COLS, MlaKernel, load_kernel, pack_panels
+from mlaq.model.mla_kernel import BMM_COLS, MlaKernel, load_kernel
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def run_both(kernel: MlaKernel, b: int, t: int, n: int, p: int, r: int, lora: in
     g = torch.Generator().manual_seed(seed + 1)
     q = (torch.randn(b, t, n, p + r, generator=g) * 3).bfloat16()
     o = torch.randn(b, 1, n * t, lora + r, generator=g).bfloat16()
-    mine = (kernel.absorb(q, pack_panels(w.w_uk.weight)), kernel.up(o, pack_panels(w.w_uv.weight), t))
+    mine = (kernel.absorb(q, w.w_uk.weight), kernel.up(o, w.w_uv.weight, t))
     theirs = (flash_queries(q[..., :p], q[..., p:], w), flash_output(o, w, n, torch.bfloat16))
     return mine, theirs
 
@@ -80,12 +80,15 @@ def test_the_same_bits_from_another_instruction_set(march):
 
 
 def test_what_it_does_not_take_is_refused_clearly(kernel):
+    q = torch.zeros(1, 1, 4, 192, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=f"M a multiple of {BMM_COLS}"):
-        pack_panels(torch.zeros(4, 128, 48, dtype=torch.bfloat16))
+        kernel.absorb(q, torch.zeros(4, 128, 48, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="bf16"):
-        pack_panels(torch.zeros(4, 128, 64))
-    panels = pack_panels(torch.zeros(4, 128, 64, dtype=torch.bfloat16))
+        kernel.absorb(q, torch.zeros(4, 128, 64))
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel.absorb(q, torch.zeros(4, 64, 128, dtype=torch.bfloat16).transpose(1, 2))
+    weight = torch.zeros(4, 128, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="W_UK"):
-        kernel.absorb(torch.zeros(1, 1, 2, 192, dtype=torch.bfloat16), panels)  # 2 heads, weight of 4
+        kernel.absorb(q[:, :, :2], weight)  # 2 heads, a weight of 4
     with pytest.raises(ValueError, match="W_UV"):
-        kernel.up(torch.zeros(1, 1, 4, 64, dtype=torch.bfloat16), panels, 2)  # 4 rows is not N*T = 8
+        kernel.up(torch.zeros(1, 1, 4, 128, dtype=torch.bfloat16), weight, 2)  # 4 rows is not N*T = 8

@@ -10,8 +10,8 @@ and attends over it in place, the cache read once with an online softmax as Flas
 mlaq's own C kernel (``mlaq.model.mla_kernel``, ``attention="mlaq"``; about twice torch's speed at
 batch 32) or torch's fused CPU attention kernel (``mlaq.model.mla_flash``, ``attention="torch"``).
 The absorbed BMMs keep their scheme's exact emulation, whatever the scheme: the ``bf16`` scheme's in
-mlaq's kernel beside the attention (``MlaKernel.absorb`` / ``.up``: bf16 weights, a quarter of the bytes
-of the float64 copy inductor would read), inside the pieces for the other schemes inductor reproduces
+mlaq's kernel beside the attention (``MlaKernel.absorb`` / ``.up``: the bf16 weights, a quarter of the
+bytes of the float64 copy inductor would read), inside the pieces for the other schemes inductor reproduces
 bit for bit (``BmmScheme.compiles_exactly``: fp32, the FP8 and MXFP4 schemes), eagerly beside the
 attention for the rest. vLLM's piecewise graphs cut its steps at
 attention the same way. Prompts (prefill) stay eager: they run once per request and their lengths
@@ -51,7 +51,7 @@ from mlaq.engine.compile_regions import Settings, compiled_region
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
 from mlaq.model.mla_flash import flash_attend, flash_output, flash_queries
-from mlaq.model.mla_kernel import BMM_COLS, KernelUnavailable, MlaKernel, Panels, load_kernel, pack_panels
+from mlaq.model.mla_kernel import BMM_COLS, KernelUnavailable, MlaKernel, load_kernel
 from mlaq.model.step import StepPositions
 from mlaq.model.step_pieces import Projected, StepPieces
 
@@ -83,8 +83,8 @@ class CompiledLatentLM(DeepseekLatentLM):
             layer.self_attn.prefill_kernel = self.kernel
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
         self._attns = [layer.self_attn for layer in model.model.layers]
-        self._panels = _kernel_panels(model, self.kernel) if kernel_bmms and fold_bmms else {}
-        pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms, outside=frozenset(self._panels))
+        self._kernel_bmms = _kernel_bmm_weights(model, self.kernel) if kernel_bmms and fold_bmms else {}
+        pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms, outside=frozenset(self._kernel_bmms))
         # in force while a step's pieces run (and may compile)
         self._settings = Settings(backend, max_autotune=max_autotune)
         n = model.config.num_hidden_layers
@@ -168,11 +168,11 @@ class CompiledLatentLM(DeepseekLatentLM):
         keys, _ = cache.update(i, step, latent, None)  # (B, K, L+R)
         w = attn._checked_absorbed()  # kv_b_proj unchanged since prepare (the pieces cannot check)
         c = attn.config
-        panels = self._panels.get(i)
-        if panels is not None and self.kernel is not None:  # BMM #1, attention, BMM #2 in mlaq's kernel
-            folded = self.kernel.absorb(q, panels[0])
+        bmm_weights = self._kernel_bmms.get(i)
+        if bmm_weights is not None and self.kernel is not None:  # BMM #1, attention, BMM #2 in mlaq's kernel
+            folded = self.kernel.absorb(q, bmm_weights[0])
             o = self._over_cache(folded, keys, step.mask, c.num_heads, attn.softmax_scale, c.kv_lora_rank)
-            return self.kernel.up(o, panels[1], q.shape[1])
+            return self.kernel.up(o, bmm_weights[1], q.shape[1])
         if self._pieces.folds(i):
             return self._over_cache(q, keys, step.mask, c.num_heads, attn.softmax_scale, c.kv_lora_rank)
         q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
@@ -190,12 +190,14 @@ class CompiledLatentLM(DeepseekLatentLM):
         return flash_attend(q, keys, mask, n, scale)
 
 
-def _kernel_panels(model: DeepseekForCausalLM, kernel: MlaKernel | None) -> dict[int, tuple[Panels, Panels]]:
-    """Layer index -> its W_UK and W_UV^T packed for mlaq's kernel, for the layers whose two BMMs the
-    kernel computes exactly: both the ``bf16`` scheme, bf16 model, widths multiples of BMM_COLS."""
+def _kernel_bmm_weights(
+    model: DeepseekForCausalLM, kernel: MlaKernel | None
+) -> dict[int, tuple[Tensor, Tensor]]:
+    """Layer index -> its prepared W_UK and W_UV^T (bf16), for the layers whose two BMMs mlaq's kernel
+    computes exactly: both the ``bf16`` scheme, bf16 model, widths multiples of BMM_COLS."""
     if kernel is None or model.dtype != torch.bfloat16:
         return {}
-    panels = {}
+    weights = {}
     for i, layer in enumerate(model.model.layers):
         w = layer.self_attn.absorbed
         if w is None or not (w.scheme_uk.name == w.scheme_uv.name == "bf16"):
@@ -205,8 +207,8 @@ def _kernel_panels(model: DeepseekForCausalLM, kernel: MlaKernel | None) -> dict
             continue
         if uk.weight.dtype != torch.bfloat16 or uk.shape[2] % BMM_COLS or uv.shape[2] % BMM_COLS:
             continue
-        panels[i] = (pack_panels(uk.weight), pack_panels(uv.weight))
-    return panels
+        weights[i] = (uk.weight.contiguous(), uv.weight.contiguous())
+    return weights
 
 
 def _attention_kernel(attention: str) -> MlaKernel | None:

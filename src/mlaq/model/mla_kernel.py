@@ -61,28 +61,6 @@ _ABSORB_ARGS = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 6 + [ctypes.c_void_p]
 _UP_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
 
 
-@dataclass(frozen=True, eq=False)
-class Panels:
-    """A (N, K, M) bf16 BMM weight packed for ``csrc/mla_bmm.c``: per head, M / BMM_COLS panels of
-    (K, BMM_COLS), each contiguous (:func:`pack_panels`)."""
-
-    data: Tensor  # (N, M / BMM_COLS, K, BMM_COLS) bf16, contiguous
-    shape: tuple[int, int, int]  # (N, K, M) of the weight it packs
-
-
-def pack_panels(weight: Tensor) -> Panels:
-    """A (N, K, M) bf16 weight (M a multiple of BMM_COLS) in the panels :meth:`MlaKernel.absorb` and
-    :meth:`MlaKernel.up` read front to back: once per model, not per step."""
-    n, k, m = weight.shape
-    if weight.dtype != torch.bfloat16 or m % BMM_COLS:
-        raise ValueError(
-            f"pack_panels takes a bf16 (N, K, M) weight, M a multiple of {BMM_COLS}; got "
-            f"{tuple(weight.shape)} {weight.dtype}"
-        )
-    data = weight.reshape(n, k, m // BMM_COLS, BMM_COLS).permute(0, 2, 1, 3).contiguous()
-    return Panels(data, (n, k, m))
-
-
 class KernelUnavailable(RuntimeError):
     """The C kernel could not be built or loaded here (the message says why)."""
 
@@ -170,40 +148,41 @@ class MlaKernel:
         self._run(q.contiguous(), keys, values, v, None, True, b * n, 1, t, d, v, scale, out)
         return out
 
-    def absorb(self, q: Tensor, w_uk: Panels) -> Tensor:
+    def absorb(self, q: Tensor, w_uk: Tensor) -> Tensor:
         """BMM #1 as the ``bf16`` scheme computes it (``Bf16Reference``: exact products summed in float64,
         rounded to fp32 then bf16) with the heads folded into the query axis, what ``mla_flash.flash_queries``
-        gives for that scheme: q (B, T, N, P+R) bf16 = [q_nope | q_pe], W_UK (N, P, L) packed by
-        :func:`pack_panels` -> (B, 1, N*T, L+R) bf16, row h*T + i = [q_nope[i, h] W_UK[h] | q_pe[i, h]]."""
+        gives for that scheme: q (B, T, N, P+R) bf16 = [q_nope | q_pe], W_UK (N, P, L) bf16 (the scheme's
+        prepared weight) -> (B, 1, N*T, L+R) bf16, row h*T + i = [q_nope[i, h] W_UK[h] | q_pe[i, h]]."""
         b, t, n, width = q.shape
+        _bmm_weight(w_uk, n, "W_UK")
         _, p, lora = w_uk.shape
         _agree(
-            q.dtype == torch.bfloat16 and w_uk.shape[0] == n and width > p,
-            f"bf16 q (B, T, N, P+R) and W_UK (N, P, L), got {tuple(q.shape)} {q.dtype}, {w_uk.shape}",
+            q.dtype == torch.bfloat16 and width > p,
+            f"bf16 q (B, T, N, P+R) for W_UK {tuple(w_uk.shape)}, got {tuple(q.shape)} {q.dtype}",
         )
         out = torch.empty(b, 1, n * t, lora + width - p, dtype=torch.bfloat16)
         q = q.contiguous()
         status = self.library.mla_absorb_bf16(
-            q.data_ptr(), w_uk.data.data_ptr(), b, t, n, p, width - p, lora, out.data_ptr()
+            q.data_ptr(), w_uk.data_ptr(), b, t, n, p, width - p, lora, out.data_ptr()
         )
         _allocated(status)
         return out
 
-    def up(self, o: Tensor, w_uv: Panels, t: int) -> Tensor:
+    def up(self, o: Tensor, w_uv: Tensor, t: int) -> Tensor:
         """BMM #2 as the ``bf16`` scheme computes it, on :meth:`attend`'s output, what
         ``mla_flash.flash_output`` gives for that scheme: o (B, 1, N*T, >= L) bf16 (its first L columns),
-        W_UV^T (N, L, V) packed by :func:`pack_panels` -> (B, T, N, V) bf16."""
+        W_UV^T (N, L, V) bf16 -> (B, T, N, V) bf16."""
         b, one, rows, width = o.shape
         n, lora, v = w_uv.shape
+        _bmm_weight(w_uv, n, "W_UV^T")
         _agree(
             o.dtype == torch.bfloat16 and one == 1 and rows == n * t and width >= lora,
-            f"bf16 o (B, 1, N*T, >= L) and W_UV^T (N, L, V) with T = {t}, got {tuple(o.shape)} {o.dtype}, "
-            f"{w_uv.shape}",
+            f"bf16 o (B, 1, N*T, >= L) for W_UV^T {tuple(w_uv.shape)} and T = {t}, got {tuple(o.shape)} {o.dtype}",
         )
         out = torch.empty(b, t, n, v, dtype=torch.bfloat16)
         o = o.contiguous()
         status = self.library.mla_up_bf16(
-            o.data_ptr(), width, w_uv.data.data_ptr(), b, t, n, lora, v, out.data_ptr()
+            o.data_ptr(), width, w_uv.data_ptr(), b, t, n, lora, v, out.data_ptr()
         )
         _allocated(status)
         return out
@@ -228,6 +207,18 @@ class MlaKernel:
             out.data_ptr(),
         )  # fmt: skip
         _allocated(status)
+
+
+def _bmm_weight(w: Tensor, heads: int, name: str) -> None:
+    """The BMMs read the weight as (N, K, M) contiguous bf16 with M a multiple of BMM_COLS."""
+    _agree(
+        w.dtype == torch.bfloat16
+        and w.dim() == 3
+        and w.shape[0] == heads
+        and w.shape[2] % BMM_COLS == 0
+        and w.is_contiguous(),
+        f"{name} (N = {heads}, K, M) contiguous bf16, M a multiple of {BMM_COLS}, got {tuple(w.shape)} {w.dtype}",
+    )
 
 
 def _allocated(status: int) -> None:

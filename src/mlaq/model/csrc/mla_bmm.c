@@ -10,10 +10,8 @@
  * exact but for terms more than ~2^25 below the largest, far beneath an fp32 rounding step. The result is
  * rounded once to fp32, then to bf16, as the scheme's `torch.bmm(x.double(), w.double()).float()` then
  * `.to(bfloat16)`: the same bits but when the float64 sum lies within 2^-53 relative of an fp32 rounding
- * boundary (tests compare with the scheme). Weights are read in bf16 (the scheme's storage: 4x fewer bytes
- * than the float64 copy the torch emulation multiplies).
- *
- * Each head's weight comes packed in column panels (M / COLS, K, COLS), made once (mla_kernel.pack_panels).
+ * boundary (tests compare with the scheme). Weights are read as the scheme stores them, (N, K, M) bf16: 4x
+ * fewer bytes than the float64 copy the torch emulation multiplies.
  *
  *     mla_absorb_bf16: BMM #1 and the fold of the heads into the query axis (mla_flash.flash_queries):
  *         q (B, T, N, P+R) -> out (B, N*T, L+R), out[b, n*T+i] = [q_nope W_UK[n] | q_pe]
@@ -66,19 +64,19 @@ static inline void widen16(const uint16_t *w, vd *lo, vd *hi) {
 static inline vd fma_d(vd a, vd b, vd c) { return a * b + c; }
 #endif
 
-/* Columns m0 .. m0+COLS-1 of y[g] = rounded sum_k x[g * xs + k] * w[k, m], g < rows, from the weight's
- * panel of those columns (K x COLS, contiguous: read front to back): the sums of rows x COLS outputs held
- * in registers while k runs, each weight element widened once for all rows. `rows` is a constant at each
- * call site (see rows_times_weight), so the loops over it unroll. */
+/* Columns m0 .. m0+COLS-1 of y[g] = rounded sum_k x[g * xs + k] * w[k, m], g < rows, w (K, M) row-major:
+ * the sums of rows x COLS outputs held in registers while k runs, each weight element widened once for all
+ * rows. `rows` is a constant at each call site (see rows_times_weight), so the loops over it unroll. (The
+ * weight packed in (K, COLS) panels read front to back instead was measured no faster at these sizes.) */
 static inline __attribute__((always_inline)) void column_block(const uint16_t *x, int64_t xs, int rows,
-                                                               const uint16_t *panel, int64_t k_dim, int64_t m0,
-                                                               uint16_t *y, int64_t ys) {
+                                                               const uint16_t *w, int64_t k_dim, int64_t m_dim,
+                                                               int64_t m0, uint16_t *y, int64_t ys) {
     vd acc[GROUP][COLS / 8];
     for (int g = 0; g < rows; g++)
         for (int j = 0; j < COLS / 8; j++) acc[g][j] = (vd){0};
     for (int64_t k = 0; k < k_dim; k++) {
         vd wv[COLS / 8];
-        for (int j = 0; j < COLS / 8; j += 2) widen16(panel + k * COLS + 8 * j, &wv[j], &wv[j + 1]);
+        for (int j = 0; j < COLS / 8; j += 2) widen16(w + k * m_dim + m0 + 8 * j, &wv[j], &wv[j + 1]);
         for (int g = 0; g < rows; g++) {
             vd xg = splat_d((double)bf16_to_f32(x[g * xs + k]));
             for (int j = 0; j < COLS / 8; j++) acc[g][j] = fma_d(xg, wv[j], acc[g][j]);
@@ -89,24 +87,22 @@ static inline __attribute__((always_inline)) void column_block(const uint16_t *x
             for (int e = 0; e < 8; e++) y[g * ys + m0 + 8 * j + e] = f32_to_bf16((float)acc[g][j][e]);
 }
 
-/* y[g, :M] = rounded sum_k x[g * x_stride + k] * w[k, m] for g < rows (<= GROUP), w one head's weight
- * packed in panels (M / COLS, K, COLS) (mla_kernel.pack_panels: each panel read front to back; walking
- * down the columns of a (K, M) weight instead crosses a page every few rows and starves the prefetcher). */
+/* y[g, :M] = rounded sum_k x[g * x_stride + k] * w[k, m] for g < rows (<= GROUP), w one head's (K, M)
+ * weight; M a multiple of COLS (checked in Python). */
 static void rows_times_weight(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *w, int64_t k_dim,
                               int64_t m_dim, uint16_t *y, int64_t y_stride) {
     for (int64_t m0 = 0; m0 < m_dim; m0 += COLS) {
-        const uint16_t *panel = w + m0 * k_dim; /* panel m0 / COLS: K x COLS values */
         switch (rows) { /* a constant row count per branch: the accumulators stay in registers */
-        case 1: column_block(x, x_stride, 1, panel, k_dim, m0, y, y_stride); break;
-        case 2: column_block(x, x_stride, 2, panel, k_dim, m0, y, y_stride); break;
-        case 3: column_block(x, x_stride, 3, panel, k_dim, m0, y, y_stride); break;
-        default: column_block(x, x_stride, 4, panel, k_dim, m0, y, y_stride); break;
+        case 1: column_block(x, x_stride, 1, w, k_dim, m_dim, m0, y, y_stride); break;
+        case 2: column_block(x, x_stride, 2, w, k_dim, m_dim, m0, y, y_stride); break;
+        case 3: column_block(x, x_stride, 3, w, k_dim, m_dim, m0, y, y_stride); break;
+        default: column_block(x, x_stride, 4, w, k_dim, m_dim, m0, y, y_stride); break;
         }
     }
 }
 
 /* One BMM over query rows r = b*T + i of every head: work item (head n, rows r0 .. r0+GROUP-1), in parallel.
- * A row's input (its first k_dim values) is gathered from `src`, multiplied by head n's weight (panels), and
+ * A row's input (its first k_dim values) is gathered from `src`, multiplied by head n's weight, and
  * written to `dst`; rows sit in two layouts, flat (B, T, N, .) and folded (B, N*T, .), row b*N*T + n*T + i:
  *   to_latent (BMM #1): src flat (width = P+R: [q_nope | q_pe]) -> dst folded [y | q_pe] (m_dim + R wide);
  *   else (BMM #2): src folded (width >= L) -> dst flat (m_dim wide).
@@ -146,13 +142,13 @@ static int absorbed_bmm(int to_latent, const uint16_t *src, int64_t width, const
     return failed ? -1 : 0;
 }
 
-/* BMM #1: q (B, T, N, P+R) rows contiguous, w_uk (N, P, L) in panels -> out (B, N*T, L+R) = [q W_UK | q_pe]. */
+/* BMM #1: q (B, T, N, P+R) rows contiguous, w_uk (N, P, L) -> out (B, N*T, L+R) = [q W_UK | q_pe]. */
 int mla_absorb_bf16(const uint16_t *q, const uint16_t *w_uk, int64_t batch, int64_t t, int64_t heads, int64_t p,
                     int64_t r, int64_t l, uint16_t *out) {
     return absorbed_bmm(1, q, p + r, w_uk, batch, t, heads, p, l, out);
 }
 
-/* BMM #2: o (B, N*T, o_width) whose first L columns are the attention's output, w_uv (N, L, V) in panels ->
+/* BMM #2: o (B, N*T, o_width) whose first L columns are the attention's output, w_uv (N, L, V) ->
  * out (B, T, N, V). */
 int mla_up_bf16(const uint16_t *o, int64_t o_width, const uint16_t *w_uv, int64_t batch, int64_t t,
                 int64_t heads, int64_t l, int64_t v, uint16_t *out) {
