@@ -136,9 +136,9 @@ def too_long_message(n: int, config: EngineConfig) -> str:
 class CompilationConfig:
     """What ``compile=True`` takes of vLLM's ``compilation_config`` JSON: ``{"inductor_compile_config":
     {"max_autotune": true}}``. With max_autotune, inductor times its own C++ GEMM micro-kernels against
-    oneDNN's for each linear of the compiled pieces and keeps the faster: at batch 1 on this project's
-    model the step is ~27 % faster, at batch 8 ~5 %, at 32 the same; every new batch shape compiles about
-    a minute longer (bench/RESULTS.md "Change 11"). Other keys are refused, not ignored.
+    oneDNN's for each linear of the compiled pieces and keeps the faster: on the bundled model batch-1
+    decode is 40-50 % faster, batch 8 ~5 %, batch 32 the same; every new batch shape compiles ~40 s
+    longer (bench/RESULTS.md "Change 11"). Other keys are refused, not ignored.
 
     >>> CompilationConfig.parse('{"inductor_compile_config": {"max_autotune": true}}').max_autotune
     True
