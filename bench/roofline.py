@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -56,28 +57,27 @@ def active_params(c: dict) -> dict[str, int]:
     }
 
 
-def read_bandwidth(nbytes: int, dtype: torch.dtype, repeats: int = 20) -> float:
-    """Bytes per second of the best timed ``torch.sum`` over ``nbytes`` of ``dtype``."""
-    x = torch.ones(nbytes // torch.finfo(dtype).bits * 8, dtype=dtype)
-    x.sum()  # first touch
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn``, after one untimed call (first touch)."""
+    fn()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        x.sum()
+        fn()
         best = min(best, time.perf_counter() - start)
-    return x.numel() * x.element_size() / best
+    return best
+
+
+def read_bandwidth(nbytes: int, dtype: torch.dtype, repeats: int = 20) -> float:
+    """Bytes per second of the best timed ``torch.sum`` over ``nbytes`` of ``dtype``."""
+    x = torch.ones(nbytes // torch.finfo(dtype).bits * 8, dtype=dtype)
+    return x.numel() * x.element_size() / best_seconds(x.sum, repeats)
 
 
 def gemm_rate(repeats: int = 10) -> float:
     """FLOP/s of the best timed float32 ``torch.mm`` of 1024 x 1024 x 1024 (the machine's usable peak)."""
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * 1024**3 / best
+    return 2 * 1024**3 / best_seconds(lambda: a @ b, repeats)
 
 
 def attention_flops(c: dict, context: int) -> int:

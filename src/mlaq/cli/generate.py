@@ -56,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated (one prompt)")
+    add_compile_arguments(parser)
+
+
+def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--compile`` and vLLM's ``--compilation-config`` (``mlaq generate`` and ``mlaq serve``)."""
     parser.add_argument(
         "--compile",
         action="store_true",

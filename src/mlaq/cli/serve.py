@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from mlaq.cli.generate import add_compile_arguments
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -43,12 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='explicit per-layer BMM schemes: \'{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}\'',
     )
     parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 routes")
-    parser.add_argument("--compile", action="store_true", help="run decode / MTP steps through torch.compile")
-    parser.add_argument(
-        "--compilation-config",
-        metavar="JSON",
-        help='with --compile: \'{"inductor_compile_config": {"max_autotune": true}}\' (vLLM\'s JSON)',
-    )
+    add_compile_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seeds requests that bring no seed of their own")
     parser.add_argument(
         "--max-waiting", type=int, default=256, help="waiting requests beyond this get 503 (default 256)"

@@ -176,8 +176,8 @@ class MlaKernel:
         ``mla_flash.flash_output`` gives for that scheme: o (B, 1, N*T, >= L) bf16 (its first L columns),
         W_UV^T (N, L, V) bf16 -> (B, T, N, V) bf16."""
         b, one, rows, width = o.shape
+        _bmm_weight(w_uv, rows // max(t, 1), "W_UV^T")  # N heads: N*T rows
         n, lora, v = w_uv.shape
-        _bmm_weight(w_uv, n, "W_UV^T")
         _agree(
             o.dtype == torch.bfloat16 and one == 1 and rows == n * t and width >= lora,
             f"bf16 o (B, 1, N*T, >= L) for W_UV^T {tuple(w_uv.shape)} and T = {t}, got {tuple(o.shape)} {o.dtype}",
