@@ -293,3 +293,30 @@ def test_max_num_batched_tokens_batches_prompts_without_changing_tokens():
     assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in apart]
     with pytest.raises(ValueError, match="must be at least max_model_len"):
         run(PROMPTS, params, max_model_len=16, max_num_batched_tokens=8)
+
+
+def test_fold_adds_up_deltas_field_by_field():
+    """``fold``: texts, token ids and logprobs joined in order, the last delta's finish fields, the first prompt
+    logprobs; a delta without logprobs makes the whole output's None; another request's delta is refused."""
+    from mlaq.engine.outputs import CompletionOutput, RequestOutput, fold
+
+    def delta(text, ids, lps, *, finish=None, prompt_lp=None, rid="r"):
+        out = CompletionOutput(0, text, ids, -1.0, lps, finish_reason=finish)
+        return RequestOutput(rid, "p", (5,), (out,), finish is not None, prompt_logprobs=prompt_lp)
+
+    parts = [
+        delta("a", (1,), ({1: -0.5},), prompt_lp=(None,)),
+        delta("bc", (2, 3), ({2: -0.1}, {3: -0.2})),
+        delta("", (), ()),
+        delta("d", (4,), ({4: -0.3},), finish="length"),
+    ]
+    out = fold(parts)
+    c = out.outputs[0]
+    assert (c.text, c.token_ids, c.finish_reason) == ("abcd", (1, 2, 3, 4), "length") and out.finished
+    assert c.logprobs == ({1: -0.5}, {2: -0.1}, {3: -0.2}, {4: -0.3}) and out.prompt_logprobs == (None,)
+    assert fold(parts[:1]) == parts[0]
+    assert fold([*parts[:2], delta("x", (9,), None)]).outputs[0].logprobs is None
+    with pytest.raises(ValueError, match="cannot fold outputs of 'r' and 's'"):
+        fold([parts[0], delta("x", (9,), None, rid="s")])
+    with pytest.raises(ValueError, match="no outputs to fold"):
+        fold([])

@@ -43,20 +43,35 @@ class RequestOutput:
 
 
 def fold(deltas: Iterable[RequestOutput]) -> RequestOutput:
-    """Add up the deltas of one request into the full output."""
-    total: RequestOutput | None = None
+    """Add up the deltas of one request into the full output: the last delta's fields, with the text,
+    token ids and logprobs of all of them (joined once: linear in the output's length) and the prompt's
+    logprobs of the first delta that has them."""
+    first: RequestOutput | None = None
+    last: RequestOutput | None = None
+    texts: list[str] = []
+    token_ids: list[int] = []
+    logprobs: list[dict[int, float]] | None = []
+    prompt_logprobs = None
     for delta in deltas:
-        if total is None:
-            total = delta
-            continue
-        if delta.request_id != total.request_id:
-            raise ValueError(f"cannot fold outputs of {total.request_id!r} and {delta.request_id!r}")
-        a, b = total.outputs[0], delta.outputs[0]
-        logprobs = None if a.logprobs is None or b.logprobs is None else a.logprobs + b.logprobs
-        merged = replace(b, text=a.text + b.text, token_ids=a.token_ids + b.token_ids, logprobs=logprobs)
-        total = replace(
-            delta, outputs=(merged,), prompt_logprobs=total.prompt_logprobs or delta.prompt_logprobs
-        )
-    if total is None:
+        if first is None:
+            first = delta
+        elif delta.request_id != first.request_id:
+            raise ValueError(f"cannot fold outputs of {first.request_id!r} and {delta.request_id!r}")
+        out = delta.outputs[0]
+        texts.append(out.text)
+        token_ids.extend(out.token_ids)
+        if logprobs is not None and out.logprobs is not None:
+            logprobs.extend(out.logprobs)
+        else:
+            logprobs = None  # a delta without logprobs: none for the whole output (as before)
+        prompt_logprobs = prompt_logprobs or delta.prompt_logprobs
+        last = delta
+    if last is None:
         raise ValueError("no outputs to fold")
-    return total
+    merged = replace(
+        last.outputs[0],
+        text="".join(texts),
+        token_ids=tuple(token_ids),
+        logprobs=None if logprobs is None else tuple(logprobs),
+    )
+    return replace(last, outputs=(merged,), prompt_logprobs=prompt_logprobs)

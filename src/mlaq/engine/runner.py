@@ -94,12 +94,14 @@ class ModelRunner:
         starts = [s.num_cached for s in seqs]
         ids, positions = self._inputs(token_lists, starts)
         seq_ids = [s.seq_id for s in seqs]
-        batch = self.blocks.batch_slots(seq_ids, starts)
         layers = range(self.model.geometry.num_layers)
         lengths = [len(t) for t in token_lists]
         logits_index = _last_index(token_lists, last_only)
+
+        def gather() -> Tensor:  # (layers, B, S_max, L+R); the block tables cost ~4 us a row: only when read
+            return self.cache.gather_layers(len(layers), self.blocks.batch_slots(seq_ids, starts))
+
         if self.resident is not None and not prefill:
-            gather = lambda: self.cache.gather_layers(len(layers), batch)  # noqa: E731
             room = self.resident.buffer(seq_ids, starts, ids.shape[1], gather)  # (layers, B, cap, L+R)
             past = room[:, :, : max(starts)]  # (layers, B, S_max, L+R)
             try:
@@ -113,7 +115,7 @@ class ModelRunner:
         else:
             if self.resident is not None:
                 self.resident.clear()  # a prefill writes the pages only
-            past = self.cache.gather_layers(len(layers), batch)  # (B, S_max, L+R) per layer
+            past = gather()
             out = self.model.forward(ids, positions, past, prefill=prefill, logits_index=logits_index)
         self._store(seqs, layers, out.entries, lengths, starts)
         return out
