@@ -2,7 +2,7 @@
 process (this VM's speed drifts: only side-by-side figures mean anything; bench/RESULTS.md "Change 7",
 "Change 9").
 
-    python bench/compiled_ab.py BATCH [--against eager|unfolded|torch|autotune|pieces] [--prompt-len 512] [--new-tokens 48]
+    python bench/compiled_ab.py BATCH [--against eager|unfolded|torch|autotune|pieces|unfused] [--prompt-len 512] [--new-tokens 48]
         [--rounds 3] [--threads 2] [--model DIR]
 
 ``--against eager`` (default): the eager engine. ``--against unfolded``: ``compile=True`` with the
@@ -12,7 +12,8 @@ torch's fused kernel (``CompiledLatentLM(attention="torch")``, as before "Change
 ``--against autotune``: ``compile=True`` against itself with vLLM's ``compilation_config=
 {"inductor_compile_config": {"max_autotune": true}}`` ("Change 11"; its warm-up is about a minute longer). ``--against pieces``: ``compile=True`` with the
 ``bf16`` scheme's BMMs inside the compiled pieces (``CompiledLatentLM(kernel_bmms=False)``, before "Change 11")
-instead of in mlaq's kernel beside the attention.
+instead of in mlaq's kernel beside the attention. ``--against unfused``: ``compile=True`` without vLLM's fused
+linears (``CompiledLatentLM(fuse_linears=False)``: q_a / kv_a and gate / up as separate GEMMs, before "Change 12").
 Both engines load the same checkpoint (bundled mlaq-tiny-4k by default) in bf16; greedy, ignore_eos,
 random prompt ids; decode = (generate N+1 tokens - generate 1) / N. Warm-ups (compiles for this batch
 shape) are printed and excluded. Not a test.
@@ -38,7 +39,7 @@ from decode_budget import ab_setup, decode_rate  # noqa: E402
 
 
 def main() -> None:
-    a, prompts = ab_setup(__doc__, against=["eager", "unfolded", "torch", "autotune", "pieces"])
+    a, prompts = ab_setup(__doc__, against=["eager", "unfolded", "torch", "autotune", "pieces", "unfused"])
     kw = {"max_num_seqs": max(a.batch, 16)}
     if a.against == "autotune":
         tuned = {"inductor_compile_config": {"max_autotune": True}}
@@ -50,6 +51,7 @@ def main() -> None:
             "unfolded": {"fold_bmms": False},
             "torch": {"attention": "torch"},
             "pieces": {"kernel_bmms": False},
+            "unfused": {"fuse_linears": False},
         }
         choice = choices[a.against]
         other = LLM(CompiledLatentLM(load_model(a.model, dtype=torch.bfloat16), **choice), **kw)

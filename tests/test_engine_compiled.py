@@ -260,3 +260,31 @@ def test_compilation_config_without_compile_is_an_error(checkpoint):
     ready = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")
     with pytest.raises(ValueError, match="compiled already"):
         LLM(ready, compile=True, compilation_config={"inductor_compile_config": {"max_autotune": True}})
+
+
+def test_pieces_fuse_vllms_linears_without_copying(checkpoint):
+    """vLLM's fused_qkv_a_proj and gate_up_proj in the pieces: every layer (dense, MoE's shared experts, MTP)
+    stacks its pairs once, the model's weights become views of them, and the projections and MLPs give the
+    separate layers' bits."""
+    model = load_model(checkpoint, dtype=torch.bfloat16)
+    layers = model.model.layers
+    g = torch.Generator().manual_seed(0)
+    hidden = [torch.randn(1, 3, model.config.hidden_size, generator=g).bfloat16() for _ in layers]
+    positions = torch.arange(3)[None]
+    apart = [layer.self_attn.project(x, positions) for layer, x in zip(layers, hidden, strict=True)]
+    mlps = [
+        layer.mlp.shared_experts if layer.mlp.__class__.__name__ == "MoE" else layer.mlp for layer in layers
+    ]
+    mlp_apart = [mlp(x) for mlp, x in zip(mlps, hidden, strict=True)]
+    pieces = StepPieces(model)
+    assert len(pieces.fused) == len(layers) == 3  # 1 dense + 1 MoE + MTP
+    for i, (layer, fused) in enumerate(zip(layers, pieces.fused, strict=True)):
+        attn = layer.self_attn
+        assert fused.qkv_a is not None and fused.gate_up is not None
+        assert attn.q_a_proj.weight.data_ptr() == fused.qkv_a.data_ptr()
+        assert attn.kv_a_proj_with_mqa.weight.data_ptr() == fused.qkv_a[attn.config.q_lora_rank :].data_ptr()
+        assert mlps[i].gate_proj.weight.data_ptr() == fused.gate_up.data_ptr()
+        got = attn.project(hidden[i], positions, qkv_a=fused.qkv_a)
+        for name in ("q_nope", "q_pe", "latent", "q_latent"):
+            assert torch.equal(getattr(got, name), getattr(apart[i], name)), (i, name)
+        assert torch.equal(mlps[i](hidden[i], fused.gate_up), mlp_apart[i])

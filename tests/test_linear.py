@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -73,3 +74,33 @@ def test_linear_traces_without_a_graph_break():
     x, w = torch.randn(4, 8).bfloat16(), torch.randn(16, 8).bfloat16()
     traced = torch.compile(lin.linear, backend="eager", fullgraph=True)  # fullgraph: a break raises
     assert torch.equal(traced(x, w), lin.linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fuse_rows_gives_each_layer_its_own_bits_from_one_gemm(dtype):
+    """vLLM's fused_qkv_a_proj / gate_up_proj: the stacked weight's GEMM, split by columns, gives each layer's
+    output bit for bit (oneDNN's kernels, 1 to 33 rows), and the layers' weights become views of it."""
+    torch.manual_seed(0)
+    q_a, kv_a = lin.Linear(64, 32, bias=False, dtype=dtype), lin.Linear(64, 48, bias=False, dtype=dtype)
+    xs = [torch.randn(1, rows, 64, dtype=dtype) for rows in (1, 3, 8, 33)]
+    apart = [(q_a(x), kv_a(x)) for x in xs]
+    before = (q_a.weight.clone(), kv_a.weight.clone())
+    fused = lin.fuse_rows(q_a, kv_a)
+    assert fused is not None and tuple(fused.shape) == (80, 64)
+    assert q_a.weight.data_ptr() == fused.data_ptr() and kv_a.weight.data_ptr() == fused[32:].data_ptr()
+    assert torch.equal(q_a.weight, before[0]) and torch.equal(kv_a.weight, before[1])
+    for x, (a, b) in zip(xs, apart, strict=True):
+        first, second = lin.linear(x, fused).split([32, 48], dim=-1)
+        assert torch.equal(first, a) and torch.equal(second, b)
+
+
+def test_fuse_rows_leaves_what_it_cannot_stack():
+    biased, plain = lin.Linear(16, 8, bias=True), lin.Linear(16, 8, bias=False)
+    other_dtype, other_width = (
+        lin.Linear(16, 8, bias=False, dtype=torch.bfloat16),
+        lin.Linear(24, 8, bias=False),
+    )
+    for pair in ((biased, plain), (plain, other_dtype), (plain, other_width)):
+        ptrs = [layer.weight.data_ptr() for layer in pair]
+        assert lin.fuse_rows(*pair) is None
+        assert [layer.weight.data_ptr() for layer in pair] == ptrs  # nothing changed

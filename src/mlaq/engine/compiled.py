@@ -71,12 +71,14 @@ class CompiledLatentLM(DeepseekLatentLM):
         attention: str = "auto",
         max_autotune: bool = False,
         kernel_bmms: bool = True,
+        fuse_linears: bool = True,
     ) -> None:
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build).
         ``fold_bmms=False``: the absorbed BMMs run eagerly beside the attention whatever the scheme
         (``bench/compiled_ab.py --against unfolded``). ``attention``: the kernel over the cache,
         "mlaq" (``mlaq.model.mla_kernel``; an error where it cannot be built), "torch" (torch's fused
-        kernel) or "auto" (mlaq's where it builds, else torch's, with a warning saying why)."""
+        kernel) or "auto" (mlaq's where it builds, else torch's, with a warning saying why).
+        ``fuse_linears=False``: no stacked q_a / kv_a and gate / up GEMMs (``StepPieces``; A/B)."""
         super().__init__(model)
         self.kernel = _attention_kernel(attention)  # None: torch's kernel
         for layer in model.model.layers:  # prompts (eager, naive path) attend in the same kernel
@@ -84,7 +86,10 @@ class CompiledLatentLM(DeepseekLatentLM):
         self.room_dtype = model.dtype  # the flash kernel reads the latents in the compute dtype
         self._attns = [layer.self_attn for layer in model.model.layers]
         self._kernel_bmms = _kernel_bmm_weights(model, self.kernel) if kernel_bmms and fold_bmms else {}
-        pieces = self._pieces = StepPieces(model, fold_bmms=fold_bmms, outside=frozenset(self._kernel_bmms))
+        outside = frozenset(self._kernel_bmms)
+        pieces = self._pieces = StepPieces(
+            model, fold_bmms=fold_bmms, outside=outside, fuse_linears=fuse_linears
+        )
         # in force while a step's pieces run (and may compile)
         self._settings = Settings(backend, max_autotune=max_autotune)
         n = model.config.num_hidden_layers

@@ -62,3 +62,24 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias)
+
+
+def fuse_rows(*layers: nn.Linear) -> Tensor | None:
+    """The weights of linears that read one input, stacked by rows (vLLM's ``fused_qkv_a_proj``,
+    ``gate_up_proj``): one GEMM instead of several, its output split by columns. Each layer's weight
+    becomes a view of the stacked tensor (no second copy; state_dict and in-place loads see the same
+    memory). None, and nothing changed, where a layer has a bias or their dtypes, devices or input
+    widths differ. oneDNN's bf16 and float32 GEMMs give each output column the same bits stacked or
+    apart (``tests/test_linear.py``)."""
+    weights = [layer.weight for layer in layers]
+    if any(layer.bias is not None for layer in layers):
+        return None
+    if len({(w.dtype, w.device, w.dim(), w.shape[-1]) for w in weights}) != 1 or weights[0].dim() != 2:
+        return None
+    fused = torch.cat([w.data for w in weights])
+    start = 0
+    for w in weights:
+        rows = w.shape[0]
+        w.data = fused[start : start + rows]
+        start += rows
+    return fused

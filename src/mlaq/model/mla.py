@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from mlaq.bmm.base import BmmScheme, PreparedWeight
 from mlaq.bmm.kv_b import split_kv_b_proj
 from mlaq.bmm.registry import get_scheme
-from mlaq.model.linear import Linear
+from mlaq.model.linear import Linear, linear
 from mlaq.model.mla_config import MLAConfig
 from mlaq.model.mla_core import (
     AbsorbedWeights,
@@ -170,12 +170,18 @@ class MLAttention(nn.Module):
 
     # ---- forward ----------------------------------------------------------------------------------
     def project(
-        self, hidden: Tensor, positions: Tensor, rotation: tuple[Tensor, Tensor] | None = None
+        self,
+        hidden: Tensor,
+        positions: Tensor,
+        rotation: tuple[Tensor, Tensor] | None = None,
+        qkv_a: Tensor | None = None,
     ) -> MLAProjection:
         """hidden (B, T, H), positions (B, T) ints -> queries and the new latent-cache entries.
 
         ``rotation``: the per-channel RoPE cos / signed sin of ``positions`` (B, T, R) each
-        (``RopeTable.rotation``), when the caller computed them once for all layers."""
+        (``RopeTable.rotation``), when the caller computed them once for all layers. ``qkv_a``:
+        q_a_proj's and kv_a_proj_with_mqa's weights stacked (``linear.fuse_rows``; vLLM's
+        ``fused_qkv_a_proj``): both projections of ``hidden`` in one GEMM (``compile=True``'s pieces)."""
         c = self.config
         if hidden.dim() != 3 or hidden.shape[-1] != c.hidden_size:
             raise ValueError(f"hidden must be (B, T, H={c.hidden_size}), got {tuple(hidden.shape)}")
@@ -189,15 +195,20 @@ class MLAttention(nn.Module):
                 f"got {positions.dtype} {tuple(positions.shape)}"
             )
         b, t, _ = hidden.shape
-        q_latent = None
+        q_latent, kv = None, None
         if c.q_lora_rank is None:
             q = self.q_proj(hidden)  # (B, T, N*(P+R))
         else:
-            q_latent = self.q_a_layernorm(self.q_a_proj(hidden))  # (B, T, Q)
+            if qkv_a is None:
+                q_a = self.q_a_proj(hidden)  # (B, T, Q)
+            else:
+                q_a, kv = linear(hidden, qkv_a).split([c.q_lora_rank, c.latent_dim], dim=-1)
+            q_latent = self.q_a_layernorm(q_a)  # (B, T, Q)
             q = self.q_b_proj(q_latent)  # (B, T, N*(P+R))
         q = q.view(b, t, c.num_heads, c.qk_head_dim)  # (B, T, N, P+R)
         q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
-        kv = self.kv_a_proj_with_mqa(hidden)  # (B, T, L+R)
+        if kv is None:
+            kv = self.kv_a_proj_with_mqa(hidden)  # (B, T, L+R)
         c_kv, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)  # (B, T, L), (B, T, R)
         if rotation is None:
             cos, sin = expand_cos_sin(*self.rope.cos_sin(positions), self.rope.layout)  # (B, T, R) each

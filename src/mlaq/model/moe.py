@@ -48,10 +48,15 @@ class DenseMLP(nn.Module):
         self.up_proj = Linear(hidden_size, intermediate_size, **kw)
         self.down_proj = Linear(intermediate_size, hidden_size, **kw)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, gate_up: Tensor | None = None) -> Tensor:
+        """``gate_up``: gate_proj's and up_proj's weights stacked (``linear.fuse_rows``; vLLM's
+        ``gate_up_proj``): both in one GEMM (``compile=True``'s pieces)."""
         # F.linear on the weights: the same matmuls without three nn.Module calls (decode is
         # dominated by per-call overhead at these sizes)
-        gate, up = linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)
+        if gate_up is None:
+            gate, up = linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)
+        else:
+            gate, up = linear(x, gate_up).chunk(2, dim=-1)
         return linear(F.silu(gate) * up, self.down_proj.weight)
 
 

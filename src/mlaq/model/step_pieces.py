@@ -25,10 +25,10 @@ from torch import Tensor
 
 from mlaq.model.decoder import DecoderLayer
 from mlaq.model.deepseek import DeepseekForCausalLM
-from mlaq.model.linear import linear
+from mlaq.model.linear import fuse_rows, linear
 from mlaq.model.mla_core import AbsorbedWeights
 from mlaq.model.mla_flash import flash_output, flash_queries
-from mlaq.model.moe import MoE
+from mlaq.model.moe import DenseMLP, MoE
 from mlaq.model.mtp import MTPLayer, select_rows
 
 # A layer's input to its attention: (x (B, T, H) the residual stream entering the layer, q the
@@ -50,14 +50,31 @@ class _Experts(torch.nn.Module):
         self.register_buffer("down", down)
 
 
+class _Fused(torch.nn.Module):
+    """A layer's weights stacked for the pieces (``linear.fuse_rows``): ``qkv_a`` (q_a_proj over
+    kv_a_proj_with_mqa) and ``gate_up`` (the dense MLP's or the shared experts' gate over up), or None.
+    Buffers of a module, as ``_Experts``."""
+
+    def __init__(self, qkv_a: Tensor | None, gate_up: Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("qkv_a", qkv_a)
+        self.register_buffer("gate_up", gate_up)
+
+
 class StepPieces:
     """The trace-friendly pieces of ``model``'s absorbed-path steps (main layers, and MTP layer 0)."""
 
     def __init__(
-        self, model: DeepseekForCausalLM, *, fold_bmms: bool = True, outside: frozenset[int] = frozenset()
+        self,
+        model: DeepseekForCausalLM,
+        *,
+        fold_bmms: bool = True,
+        outside: frozenset[int] = frozenset(),
+        fuse_linears: bool = True,
     ) -> None:
         """``fold_bmms=False``: every layer's BMMs stay outside the pieces (A/B measurements);
-        ``outside``: layers whose BMMs the caller runs itself (mlaq's C kernel, ``mlaq.engine.compiled``)."""
+        ``outside``: layers whose BMMs the caller runs itself (mlaq's C kernel, ``mlaq.engine.compiled``);
+        ``fuse_linears=False``: q_a / kv_a and gate / up as separate GEMMs (A/B measurements)."""
         for layer in model.model.layers:
             if layer.indexer_kind is not None:
                 raise ValueError(
@@ -68,6 +85,9 @@ class StepPieces:
         self.fold_bmms = fold_bmms
         self.outside = outside
         self.experts = [self._stacked(layer) for layer in model.model.layers]
+        self.fused = [
+            self._fused(layer) if fuse_linears else _Fused(None, None) for layer in model.model.layers
+        ]
 
     @staticmethod
     def _stacked(layer: DecoderLayer) -> _Experts | None:
@@ -84,6 +104,16 @@ class StepPieces:
             torch.stack([e.up_proj.weight for e in experts]),
             torch.stack([e.down_proj.weight for e in experts]),
         )
+
+    @staticmethod
+    def _fused(layer: DecoderLayer) -> _Fused:
+        """vLLM's fused linears: one GEMM where two read the same input (fewer oneDNN calls a step; each
+        costs ~25 us at batch 1 on these sizes). The model's weights become views of the stacked ones."""
+        attn = layer.self_attn
+        qkv_a = fuse_rows(attn.q_a_proj, attn.kv_a_proj_with_mqa) if attn.config.q_lora_rank else None
+        mlp = layer.mlp.shared_experts if isinstance(layer.mlp, MoE) else layer.mlp
+        gate_up = fuse_rows(mlp.gate_proj, mlp.up_proj) if isinstance(mlp, DenseMLP) else None
+        return _Fused(qkv_a, gate_up)
 
     # ---- main layers --------------------------------------------------------------------------
     def head(self, input_ids: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
@@ -133,7 +163,8 @@ class StepPieces:
 
     def _project(self, i: int, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Projected:
         attn = self.model.model.layers[i].self_attn
-        proj = attn.project(self.model.model.layers[i].input_layernorm(x), positions, (cos, sin))
+        hidden = self.model.model.layers[i].input_layernorm(x)
+        proj = attn.project(hidden, positions, (cos, sin), qkv_a=self.fused[i].qkv_a)
         w = self._folded_weights(i)
         if w is not None:
             return x, flash_queries(proj.q_nope, proj.q_pe, w), proj.latent
@@ -149,11 +180,13 @@ class StepPieces:
             o = flash_output(o, w, layer.self_attn.config.num_heads, x.dtype)  # (B, T, N, V)
         x = x + layer.self_attn.o_proj(o.reshape(b, t, -1))  # (B, T, N*V) -> (B, T, H)
         h = layer.post_attention_layernorm(x)
-        stacked = self.experts[i]
-        return x + (layer.mlp(h) if stacked is None else _moe(layer.mlp, stacked, h))
+        stacked, gate_up = self.experts[i], self.fused[i].gate_up
+        if stacked is None:
+            return x + (layer.mlp(h, gate_up) if isinstance(layer.mlp, DenseMLP) else layer.mlp(h))
+        return x + _moe(layer.mlp, stacked, h, gate_up)
 
 
-def _moe(moe: MoE, w: _Experts, x: Tensor) -> Tensor:
+def _moe(moe: MoE, w: _Experts, x: Tensor, shared_gate_up: Tensor | None = None) -> Tensor:
     """``MoE.forward`` with shapes independent of the routing: each token's k experts are summed in
     ascending expert order (the eager order). Few tokens gather their experts' weights; many run
     every expert (zero weight where not chosen: adding 0 changes no sum)."""
@@ -184,5 +217,5 @@ def _moe(moe: MoE, w: _Experts, x: Tensor) -> Tensor:
         dense = torch.zeros(n_tok, e, dtype=weights.dtype, device=x.device).scatter(1, indices, weights)
         out = (y * dense.t()[:, :, None]).to(flat.dtype).sum(0)  # (T, H)
     if moe.shared_experts is not None:
-        out = out + moe.shared_experts(flat)
+        out = out + moe.shared_experts(flat, shared_gate_up)
     return out.view(shape)
