@@ -288,3 +288,23 @@ def test_pieces_fuse_vllms_linears_without_copying(checkpoint):
         for name in ("q_nope", "q_pe", "latent", "q_latent"):
             assert torch.equal(getattr(got, name), getattr(apart[i], name)), (i, name)
         assert torch.equal(mlps[i](hidden[i], fused.gate_up), mlp_apart[i])
+
+
+def test_fused_gate_up_keeps_eagers_bits_in_the_pieces():
+    """Inside the compiled pieces an MLP on gate_up gives eager's bits: SiLU reads the GEMM's bf16 output (as
+    separate GEMMs, inductor fused SiLU into oneDNN's gate GEMM, applied to the float32 sum before rounding)."""
+    from mlaq.engine.compile_regions import Settings, compiled_region
+    from mlaq.model.linear import fuse_rows
+    from mlaq.model.moe import DenseMLP
+
+    torch.manual_seed(0)
+    mlp = DenseMLP(64, 96, dtype=torch.bfloat16)
+    for p in mlp.parameters():
+        p.requires_grad_(False).mul_(8)  # sums of a few units: SiLU's curve, not its linear part
+    gate_up = fuse_rows(mlp.gate_proj, mlp.up_proj)
+    fn = compiled_region(lambda x: mlp(x, gate_up), "inductor")
+    for rows in (1, 3):
+        x = torch.randn(1, rows, 64).bfloat16()
+        with torch.no_grad(), Settings("inductor"):
+            got = fn(x)
+        assert torch.equal(got, mlp(x)), rows

@@ -108,7 +108,10 @@ class StepPieces:
     @staticmethod
     def _fused(layer: DecoderLayer) -> _Fused:
         """vLLM's fused linears: one GEMM where two read the same input (fewer oneDNN calls a step; each
-        costs ~25 us at batch 1 on these sizes). The model's weights become views of the stacked ones."""
+        costs ~30 us at batch 1 on these sizes). The model's weights become views of the stacked ones.
+        gate / up also brings the pieces' MLPs to eager's bits: as separate GEMMs, inductor fused the SiLU
+        into oneDNN's gate GEMM as a post-op on the float32 sums, before the bf16 rounding eager does first;
+        split from the stacked GEMM's output, SiLU reads the rounded values (tests/test_engine_compiled.py)."""
         attn = layer.self_attn
         qkv_a = fuse_rows(attn.q_a_proj, attn.kv_a_proj_with_mqa) if attn.config.q_lora_rank else None
         mlp = layer.mlp.shared_experts if isinstance(layer.mlp, MoE) else layer.mlp
