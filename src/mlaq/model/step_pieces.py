@@ -11,7 +11,9 @@ pieces where its scheme says inductor reproduces it exactly (``BmmScheme.compile
 eagerly with the attention otherwise (:meth:`StepPieces.folds`).
 
 The pieces are functions of tensors only, free of data-dependent Python control flow: routed experts
-run on weights stacked once per MoE layer, so shapes never depend on the routing. For a model of
+run on weights stacked once per MoE layer, so shapes never depend on the routing. As in vLLM, q_a_proj and
+kv_a_proj_with_mqa run as one GEMM (``fused_qkv_a_proj``), and so do an MLP's gate and up projections
+(``gate_up_proj``): each oneDNN call costs ~30 us on these sizes whatever its width. For a model of
 layers 0..n-1 a step runs ``head``, then per layer i the attention and ``between(i)`` (layer i's
 rest and layer i+1's projections), the last layer's rest being ``tail``. Numerics: the eager model's
 operations, but fused kernels may round differently in the last bits.
