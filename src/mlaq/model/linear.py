@@ -66,7 +66,8 @@ class Linear(nn.Linear):
 
 def fuse_rows(*layers: nn.Linear) -> Tensor | None:
     """The weights of linears that read one input, stacked by rows (vLLM's ``fused_qkv_a_proj``,
-    ``gate_up_proj``): one GEMM instead of several, its output split by columns. Each layer's weight
+    ``gate_up_proj``): one GEMM instead of several, its output split by columns (also the routed
+    experts' stacked gate and up weights, ``MoE.stack_experts``). Each layer's weight
     becomes a view of the stacked tensor (no second copy; state_dict and in-place loads see the same
     memory). None, and nothing changed, where a layer has a bias or their dtypes, devices or input
     widths differ. oneDNN's bf16 and float32 GEMMs give each output column the same bits stacked or

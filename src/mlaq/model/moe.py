@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlaq.model.config import MoEConfig
-from mlaq.model.linear import Linear, linear, upcast_gemm
+from mlaq.model.linear import Linear, fuse_rows, linear, upcast_gemm
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
 # Up to this many tokens, routed experts run token by token (k small matmuls each, no gather/scatter
@@ -142,13 +142,11 @@ class MoE(nn.Module):
         and in-place loads see the same memory). A parameter replaced later (``.to()``, a new tensor)
         is no longer a view: the stacked path then stands aside (``_live_stack``)."""
         experts = self._expert_list
-        inter = experts[0].gate_proj.weight.shape[0]
-        gate = torch.cat([e.gate_proj.weight.data for e in experts])
-        up = torch.cat([e.up_proj.weight.data for e in experts])
+        gate = fuse_rows(*(e.gate_proj for e in experts))
+        up = fuse_rows(*(e.up_proj for e in experts))
+        assert gate is not None and up is not None  # experts are built alike: no bias, one dtype and width
         down = torch.stack([e.down_proj.weight.data for e in experts])
         for i, e in enumerate(experts):
-            e.gate_proj.weight.data = gate[i * inter : (i + 1) * inter]
-            e.up_proj.weight.data = up[i * inter : (i + 1) * inter]
             e.down_proj.weight.data = down[i]
         self._stacked = (gate, up, down)
 

@@ -186,9 +186,9 @@ class StepPieces:
         x = x + layer.self_attn.o_proj(o.reshape(b, t, -1))  # (B, T, N*V) -> (B, T, H)
         h = layer.post_attention_layernorm(x)
         stacked, gate_up = self.experts[i], self.fused[i].gate_up
-        if stacked is None:
-            return x + (layer.mlp(h, gate_up) if isinstance(layer.mlp, DenseMLP) else layer.mlp(h))
-        return x + _moe(layer.mlp, stacked, h, gate_up)
+        if stacked is not None:
+            return x + _moe(layer.mlp, stacked, h, gate_up)
+        return x + (layer.mlp(h) if gate_up is None else layer.mlp(h, gate_up))
 
 
 def _moe(moe: MoE, w: _Experts, x: Tensor, shared_gate_up: Tensor | None = None) -> Tensor:
