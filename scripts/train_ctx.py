@@ -10,8 +10,9 @@ scripts/tiny_lean.py's (transformers' DeepSeek-V3 math; parity-tested), bf16 aut
 Resuming: every --save-every-min minutes the whole state (fp32 weights, AdamW moments, step, tokens,
 wall time) is written atomically as one safetensors file under --run-dir; the data of step s depends
 only on (seed, s), so a resumed run sees exactly the batches an uninterrupted one would. At each phase
-boundary the state is also copied (bf16, one file replaced) to --commit-state, small enough for git, so
-a fresh machine can resume from the repository.
+boundary the state is also copied (bf16, one file replaced) to --commit-state (default
+~/.cache/mlaq-train/mlaq-tiny-4k.safetensors). Run 1's end state is not in the tree; it is kept in git
+history: `git show 9e0406c94222a5190dd0e9ffc819e267505d1564:scripts/state/mlaq-tiny-4k.safetensors > FILE`.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run", default="tiny4k-v1", help="run name (state under --run-dir)")
     p.add_argument("--run-dir", type=Path, default=None, help=f"default {CACHE}/RUN")
     p.add_argument("--out", type=Path, default=REPO / "src/mlaq/assets/mlaq-tiny-4k")
-    p.add_argument("--commit-state", type=Path, default=REPO / "scripts/state/mlaq-tiny-4k.safetensors")
+    p.add_argument("--commit-state", type=Path, default=CACHE / "mlaq-tiny-4k.safetensors")
     p.add_argument("--phases", default="512x8:3000000,1024x4:1400000,2048x2:900000,4096x1:500000")
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--warmup", type=int, default=100)
