@@ -78,6 +78,9 @@ class BmmScheme(ABC):
     # Whether torch.compile (inductor, CPU) reproduces ``apply`` bit for bit: then ``compile=True`` runs
     # the scheme inside its compiled pieces (tests/test_bmm_compiled.py checks every scheme that says so).
     compiles_exactly: ClassVar[bool] = False
+    # Whether a token's result is independent of the other tokens of its batch (False: SGLang's bmm_fp8
+    # path, whose activation scale is the whole batch's amax).
+    batch_invariant: ClassVar[bool] = True
 
     @abstractmethod
     def prepare(self, weight: Tensor) -> PreparedWeight:

@@ -9,6 +9,8 @@
   (``fp8_per_block`` for per-channel: the per-row scales lie along W_UK's reduction axis).
 - MXFP4 storage used as stored: W_UV^T (K = L, the axis Quark blocks along) keeps its codes and E8M0
   scales; W_UK (K = P) cannot, so the scheme regroups it from the exactly dequantized weight.
+- SGLang's schemes (``*_sglang``) quantize the whole (exactly dequantized) kv_b_proj with ONE scale and
+  split it, as SGLang does: W_UK and W_UV^T share that scale.
 - Otherwise the scheme does not run the stored format (targets / flags chose another): the stored weight
   is dequantized exactly (fp32) and the scheme's ``prepare`` quantizes it.
 """
@@ -20,6 +22,7 @@ from typing import Any
 
 from mlaq.bmm import PreparedWeight, get_scheme
 from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8, split_kv_b_proj_fp8_scaled
+from mlaq.bmm.sglang_fp8 import sglang_kv_b_proj, whole_kv_b
 from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
 from mlaq.model.mla import MLAttention
 from mlaq.model.mla_core import Precision
@@ -51,6 +54,8 @@ def prepare_absorbed(
     from ``stored`` (N heads, P = qk_nope_head_dim, V = v_head_dim); ``mlaq audit`` measures these."""
     check_stored(decision, stored)
     scheme, scheme_uk = get_scheme(decision.scheme), get_scheme(decision.scheme_uk)
+    if not decision.uses_checkpoint_data and whole_kv_b(scheme) and whole_kv_b(scheme_uk):
+        return sglang_kv_b_proj(scheme_uk, scheme, stored.dequantize(), n, p, v)  # type: ignore[arg-type]
     if not decision.uses_checkpoint_data:
         w_uk_t, w_uv_t = split_kv_b_proj(stored.dequantize(), n, p, v)  # (N, P, L), (N, L, V) fp32
         return scheme_uk.prepare(w_uk_t), scheme.prepare(w_uv_t)
