@@ -82,10 +82,12 @@ class Platform(str, Enum):
 
 
 class Engine(str, Enum):
-    """Whose rules decide (``--engine-defaults``): mlaq's policy, or released vLLM 0.32 with its defaults."""
+    """Whose rules decide (``--engine-defaults``): mlaq's policy, or released vLLM 0.32 / SGLang 0.5.23
+    with their defaults."""
 
     MLAQ = "mlaq"
     VLLM_032 = "vllm-0.32"
+    SGLANG_0523 = "sglang-0.5.23"
 
     def __str__(self) -> str:
         return self.value
@@ -122,6 +124,38 @@ class VllmRocmEnv:
 
 
 @dataclass(frozen=True)
+class SglangEnv:
+    """SGLang 0.5.23's switches for the MLA BMMs, with SGLang's defaults: SGLANG_USE_AITER (False; read by
+    ``get_bool_env_var`` in srt/models/deepseek_common/utils.py, which reads anything but true/1 as False)
+    and SGLANG_USE_DEEPGEMM_BMM (False; srt/environ.py ``EnvBool``). mlaq refuses a spelling SGLang would
+    read differently in its two parsers (``yes``: True for EnvBool, False for get_bool_env_var)."""
+
+    aiter: bool = _env_field("SGLANG_USE_AITER", "SGLang's AITER switch on ROCm (SGLang default 0)")
+    deepgemm_bmm: bool = _env_field(
+        "SGLANG_USE_DEEPGEMM_BMM", "DeepGEMM's block-FP8 BMM for MLA on Hopper (SGLang default 0)"
+    )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SglangEnv:
+        values = {}
+        for f in fields(cls):
+            name, raw = f.metadata["env"], env.get(f.metadata["env"])
+            if raw is None:
+                values[f.name] = f.default
+            elif raw.lower() in ("true", "1", "false", "0"):
+                values[f.name] = raw.lower() in ("true", "1")
+            else:
+                raise ValueError(
+                    f"{name}={raw!r}: SGLang 0.5.23 reads only true/1 and false/0 the same everywhere "
+                    "(srt/utils/common.py get_bool_env_var treats anything else as False); set 1/true or 0/false"
+                )
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        return {f.metadata["env"]: "1" if getattr(self, f.name) else "0" for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class Settings:
     """Run-time switches. Both BMM flags default OFF: accuracy over speed until opted in."""
 
@@ -135,6 +169,7 @@ class Settings:
     platform: Platform | None = None  # None: mlaq's emulation (every scheme, on any CPU)
     engine: Engine = Engine.MLAQ
     vllm: VllmRocmEnv | None = None  # read only for engine vllm-0.32
+    sglang: SglangEnv | None = None  # read only for engine sglang-0.5.23
 
     @classmethod
     def from_env(
@@ -145,7 +180,7 @@ class Settings:
         engine: Engine | str = Engine.MLAQ,
     ) -> Settings:
         """Read every variable from ``environ`` (default: ``os.environ``) once; vLLM's ROCm variables
-        only when ``engine`` is vllm-0.32."""
+        only when ``engine`` is vllm-0.32 (vLLM's) or sglang-0.5.23 (SGLang's, and vLLM's for the comparison)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {
             f.name: parse_bool(f.metadata["env"], env.get(f.metadata["env"]), f.default)
@@ -153,9 +188,10 @@ class Settings:
             if "env" in f.metadata
         }
         engine = Engine(engine)
-        vllm = VllmRocmEnv.from_env(env) if engine is Engine.VLLM_032 else None
+        vllm = VllmRocmEnv.from_env(env) if engine is not Engine.MLAQ else None
+        sglang = SglangEnv.from_env(env) if engine is Engine.SGLANG_0523 else None
         plat = None if platform is None else Platform(platform)
-        return cls(**values, platform=plat, engine=engine, vllm=vllm)
+        return cls(**values, platform=plat, engine=engine, vllm=vllm, sglang=sglang)
 
     @staticmethod
     def variable(attr: str) -> str:
@@ -172,7 +208,13 @@ class Settings:
             for f in fields(self)
             if "env" in f.metadata
         }
+        if self.engine is Engine.SGLANG_0523 and self.sglang is not None:
+            return {**env, **self.sglang.to_env()}
         return {**env, **(self.vllm.to_env() if self.vllm is not None else {})}
+
+    def vllm_describe(self) -> str:
+        """vLLM's ROCm variables as this decision reads them: ``VLLM_ROCM_USE_AITER=0 ...``."""
+        return " ".join(f"{k}={v}" for k, v in (self.vllm or VllmRocmEnv()).to_env().items())
 
     def to_json(self) -> dict[str, Any]:
         """``{"MLAQ_FP8BMM": false, "MLAQ_FP4BMM": true}``; ``platform`` / ``engine`` (and vLLM's

@@ -6,7 +6,8 @@ Reads only the checkpoint's config files (config.json, hf_quant_config.json) unl
 (then it also reads every kv_b_proj weight and reports NaN/inf). Prints a table folding consecutive
 identical layers into ranges, plus the settings used; ``--json`` prints exactly one JSON object
 ``{"model_type", "settings", "layers", ...}``. ``--platform`` decides for one GPU kind;
-``--engine-defaults vllm-0.32`` shows what released vLLM 0.32 would run there, next to mlaq's decision.
+``--engine-defaults vllm-0.32`` shows what released vLLM 0.32 would run there, next to mlaq's decision;
+``--engine-defaults sglang-0.5.23`` what released SGLang 0.5.23 would run, next to vLLM 0.32's and mlaq's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 PLATFORMS = ("rocm-gfx942", "rocm-gfx950", "cuda", "cpu")
-ENGINES = ("mlaq", "vllm-0.32")
+ENGINES = ("mlaq", "vllm-0.32", "sglang-0.5.23")
 
 
 def add_platform_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,8 @@ def add_platform_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ENGINES,
         default="mlaq",
         help="whose rules decide: mlaq's policy (default), or released vLLM 0.32 with its defaults and your "
-        "VLLM_ROCM_USE_AITER* variables (needs --platform)",
+        "VLLM_ROCM_USE_AITER* variables, or released SGLang 0.5.23 with its defaults and your SGLANG_USE_AITER / "
+        "SGLANG_USE_DEEPGEMM_BMM (needs --platform)",
     )
 
 

@@ -23,6 +23,7 @@ from mlaq.policy.detect import checkpoint_quant
 from mlaq.policy.explicit import ExplicitConfig, ExplicitMatch, load_explicit, match_model
 from mlaq.policy.model_config import MlaModel, layer_ranges, mla_model, read_checkpoint_dir
 from mlaq.policy.result import LayerDecision, PolicyResult, Rule
+from mlaq.policy.sglang0523 import decide_sglang_0523
 from mlaq.policy.vllm032 import decide_vllm_032
 from mlaq.settings import Engine, Settings
 
@@ -148,6 +149,8 @@ def decide(
     names = tuple(scheme_names()) if schemes is None else tuple(schemes)
     if settings.engine is Engine.VLLM_032:
         return decide_vllm_032(model, checkpoint, settings, explicit, names)
+    if settings.engine is Engine.SGLANG_0523:
+        return decide_sglang_0523(model, checkpoint, settings, explicit, names)
     matches = (
         match_model(explicit, model) if explicit is not None else (ExplicitMatch(),) * model.num_mla_layers
     )

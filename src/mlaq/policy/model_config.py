@@ -45,6 +45,7 @@ class MlaModel:
     q_lora_rank: int | None
     dtype: str  # "bf16" | "fp16" | "fp32": the precision of unquantized weights
     layers_prefix: str = "model.layers"
+    architecture: str = ""  # config.json's architectures[0] ("DeepseekV3ForCausalLM"); SGLang's rules read it
 
     @property
     def num_mla_layers(self) -> int:
@@ -120,7 +121,13 @@ def mla_model(config: Mapping[str, Any], layers_prefix: str = "model.layers") ->
         q_lora_rank=None if q_lora is None else _int(cfg, "q_lora_rank"),
         dtype=dtype,
         layers_prefix=layers_prefix,
+        architecture=_architecture(config),
     )
+
+
+def _architecture(config: Mapping[str, Any]) -> str:
+    archs = config.get("architectures")
+    return str(archs[0]) if isinstance(archs, list) and archs else ""
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,10 @@ def format_explain(result: PolicyResult, model_path: str, weights: str | None = 
         lines.append(weights)
     if result.settings.engine is Engine.VLLM_032:
         lines.append("engine:      released vLLM 0.32 with its defaults (--engine-defaults vllm-0.32)")
+    if result.settings.engine is Engine.SGLANG_0523:
+        lines.append(
+            "engine:      released SGLang 0.5.23 with its defaults (--engine-defaults sglang-0.5.23)"
+        )
     lines += ["", format_table(fold(result.layers)), ""]
     line = quantizing_line(result)
     if line is not None:
@@ -94,16 +98,33 @@ def format_explain(result: PolicyResult, model_path: str, weights: str | None = 
     return "\n".join(lines)
 
 
-def format_comparison(engine: PolicyResult, mlaq: PolicyResult, aiter_on: PolicyResult | None) -> str:
-    """What ``--engine-defaults vllm-0.32`` adds: mlaq's own decision on the same platform, and, when
-    VLLM_ROCM_USE_AITER is unset on ROCm, what vLLM 0.32 does once it is set."""
+def format_comparison(
+    engine: PolicyResult,
+    mlaq: PolicyResult,
+    aiter_on: PolicyResult | str | None,
+    vllm: PolicyResult | None = None,
+) -> str:
+    """What ``--engine-defaults`` adds: the engine with its AITER switch set when it is unset on ROCm,
+    vLLM 0.32's decision (for SGLang), and mlaq's own decision on the same platform."""
+    sglang = engine.settings.engine is Engine.SGLANG_0523
+    name, var = ("SGLang 0.5.23", "SGLANG_USE_AITER") if sglang else ("vLLM 0.32", "VLLM_ROCM_USE_AITER")
+    then = "" if sglang else "; the BMM flags then default to 1"
     lines = []
-    if aiter_on is not None:
+    if isinstance(aiter_on, str):
+        lines += ["", f"With {var}=1 (AMD's ROCm recipes set it), {name}: {aiter_on}."]
+    elif aiter_on is not None:
         lines += [
             "",
-            "With VLLM_ROCM_USE_AITER=1 (AMD's ROCm recipes set it; the BMM flags then default to 1), vLLM 0.32:",
+            f"With {var}=1 (AMD's ROCm recipes set it{then}), {name}:",
             format_table(fold(aiter_on.layers)),
             aiter_on.summary()[1],
+        ]
+    if vllm is not None:
+        lines += [
+            "",
+            f"vLLM 0.32 on {vllm.settings.platform} with its defaults ({vllm.settings.vllm_describe()}):",
+            format_table(fold(vllm.layers)),
+            vllm.summary()[1],
         ]
     lines += [
         "",

@@ -58,6 +58,7 @@ class LayerDecision:
     stored: StoredFormat  # full stored format (block size, scale format) for the loader
     pattern: str | None = None  # the --quantization-config pattern that decided it (targets/ignore)
     online: str | None = None  # vLLM 0.32 only: the online format of the kv_b_proj linear the BMMs read
+    engine_uk: str | None = None  # an engine's W_UK scheme where its two BMMs run different kernels
 
     @property
     def uses_checkpoint_data(self) -> bool:
@@ -76,6 +77,8 @@ class LayerDecision:
     def scheme_uk(self) -> str:
         """The scheme of W_UK (q absorption): ``scheme`` except where the stored scales vary along W_UK's
         reduction axis (per-channel FP8 used as stored), which only fp8_per_block runs exactly."""
+        if self.engine_uk is not None:
+            return self.engine_uk
         stored_uk = self.stored.scheme_uk if self.uses_checkpoint_data else None
         if stored_uk and self.converts_to_fnuz:
             return fnuz_variant(stored_uk) or stored_uk
@@ -104,6 +107,8 @@ def _cause(d: LayerDecision, settings: Settings) -> str:
         tail = f" as an online {d.online} linear, dequantized for the BMMs" if d.online else ""
         return f"from targets: {d.pattern}{tail}"
     fp4 = d.scheme.startswith("mxfp4")
+    if settings.engine is Engine.SGLANG_0523:
+        return f"SGLang 0.5.23 defaults, rule {d.rule}"
     if settings.engine is Engine.VLLM_032:
         var = "VLLM_ROCM_USE_AITER_FP4BMM" if fp4 else "VLLM_ROCM_USE_AITER_FP8BMM"
         via = f" on the online {d.online} weight of targets {d.pattern}" if d.online else ""
