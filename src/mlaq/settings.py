@@ -5,7 +5,7 @@ else in mlaq looks at ``os.environ``. Unlike vLLM's ``value.lower() in ("true", 
 silently means False), a value mlaq does not understand is an error.
 
 >>> Settings.from_env({"MLAQ_FP4BMM": "on"})
-Settings(fp8bmm=False, fp4bmm=True, platform=None, engine=<Engine.MLAQ: 'mlaq'>, vllm=None)
+Settings(fp8bmm=False, fp4bmm=True, platform=None, engine=<Engine.MLAQ: 'mlaq'>, vllm=None, sglang=None)
 
 Two choices are not environment variables but travel with the settings, so every consumer of the
 policy sees them: ``platform`` (the GPU a decision is for; None = mlaq's CPU emulation, where every
