@@ -87,8 +87,16 @@ def encode_stream(tok: Tokenizer, texts: list[str]) -> np.ndarray:
     return np.asarray(ids, dtype=np.uint16)
 
 
+# The bundled models are trained on code, not chats: the template writes each turn as a comment line, so
+# that /v1/chat/completions (and a chat client) works; what the model answers is still code completion.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}# {{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}# assistant:\n{% endif %}"
+)
+
+
 def tokenizer_config(max_len: int) -> dict:
-    """tokenizer_config.json for transformers' PreTrainedTokenizerFast (no chat template, no auto BOS)."""
+    """tokenizer_config.json for transformers' PreTrainedTokenizerFast (a plain chat template, no auto BOS)."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": SPECIAL[0],
@@ -98,4 +106,5 @@ def tokenizer_config(max_len: int) -> dict:
         "add_eos_token": False,
         "model_max_length": max_len,
         "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
     }

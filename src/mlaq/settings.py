@@ -65,6 +65,17 @@ def bound_onednn_caches(
     return {name: env[name] for name in ONEDNN_CACHE_VARIABLES}
 
 
+def serve_api_key(flag: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """``mlaq serve``'s API key: ``--api-key`` when given, else ``VLLM_API_KEY`` (vLLM's variable, which
+    keeps the key out of ``ps``); None when neither is set. An empty or blank key is refused: it would
+    turn authentication off without saying so."""
+    env = os.environ if environ is None else environ
+    key, source = (flag, "--api-key") if flag is not None else (env.get("VLLM_API_KEY"), "VLLM_API_KEY")
+    if key is not None and not key.strip():
+        raise ValueError(f"{source} is empty: give a non-empty key, or leave it unset to serve without one")
+    return key
+
+
 def _env_field(env: str, doc: str, default: bool = False) -> Any:
     return field(default=default, metadata={"env": env, "doc": doc})
 

@@ -44,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON|@FILE",
         help='explicit per-layer BMM schemes: \'{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}\'',
     )
-    parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 routes")
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $VLLM_API_KEY, which keeps the "
+        "key out of the process list; the flag wins)",
+    )
     add_compile_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seeds requests that bring no seed of their own")
     parser.add_argument(
@@ -80,13 +85,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """Every flag's range, before the model loads (a minute on a big checkpoint): one line naming it."""
+    import math
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be from 0 (any free port) to 65535, got {args.port}")
+    at_least = {
+        "--max-num-seqs": (args.max_num_seqs, 1),
+        "--max-model-len": (args.max_model_len, 1),
+        "--max-num-batched-tokens": (args.max_num_batched_tokens, 1),
+        "--max-waiting": (args.max_waiting, 0),
+        "--max-body-bytes": (args.max_body_bytes, 1024),
+        "--max-logprobs": (args.max_logprobs, -1),
+    }
+    for flag, (value, low) in at_least.items():
+        if value is not None and value < low:
+            raise ValueError(f"{flag} must be at least {low}, got {value}")
+    if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
+        raise ValueError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
     from mlaq.bundled import model_or_default
     from mlaq.libc import keep_freed_memory
-    from mlaq.serve.server import EngineArgs, build_state, run_server
+    from mlaq.serve.server import EngineArgs, bind, build_state, run_server, warn_if_exposed
+    from mlaq.settings import serve_api_key
 
+    check_flags(args)
+    api_key = serve_api_key(args.api_key)
     level = getattr(logging, args.uvicorn_log_level.upper())
     logging.basicConfig(level=level, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
@@ -97,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"mlaq serve needs the serve extra ({exc.name} is missing): pip install 'mlaq[serve]'"
         ) from None
+    sock = bind(args.host, args.port)  # a taken port fails now, not after the model loads
+    warn_if_exposed(args.host, api_key)
     keep_freed_memory()  # batched decode's tens-of-MB temporaries; idle steps trim (mlaq.libc)
     engine_args = EngineArgs(
         model=model_or_default(args.model),
@@ -114,11 +145,11 @@ def run(args: argparse.Namespace) -> int:
     state = build_state(
         engine_args,
         served_model_name=args.served_model_name,
-        api_key=args.api_key,
+        api_key=api_key,
         max_waiting=args.max_waiting,
         max_body_bytes=args.max_body_bytes,
         max_logprobs=args.max_logprobs,
         per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
     )
-    return run_server(state, args.host, args.port, args.shutdown_timeout, args.uvicorn_log_level)
+    return run_server(state, sock, args.host, args.shutdown_timeout, args.uvicorn_log_level)

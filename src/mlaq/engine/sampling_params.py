@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 # vLLM treats a temperature below this as greedy (its _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes (signed or unsigned 64 bits)
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,13 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}.")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}.")
+        if self.seed is not None and (
+            not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]
+        ):
+            raise ValueError(
+                f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]} (a 64-bit seed) or None, "
+                f"got {self.seed!r}."
+            )
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 0):
             raise ValueError(f"max_tokens must be at least 0, got {self.max_tokens!r}.")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:

@@ -14,7 +14,7 @@ from mlaq.serve.errors import bad_request
 from mlaq.serve.logprobs import chat_logprobs
 from mlaq.serve.params import check_logprobs, logit_bias, sampling_params, unsupported
 from mlaq.serve.protocol import ChatCompletionRequest, ChatMessage
-from mlaq.serve.state import ServerState, request_id
+from mlaq.serve.state import ServerState, created_now, request_id
 from mlaq.serve.streams import merge, spec_decoding_metrics, usage
 
 
@@ -69,7 +69,7 @@ def plan(req: ChatCompletionRequest, state: ServerState) -> ChatPlan:
         sampling_params(req, len(ids), max_tokens, logprobs, state.config, seed_offset=j, bias=bias)
         for j in range(req.n)
     )
-    return ChatPlan(req, text, ids, params, request_id("chatcmpl"), state.created)
+    return ChatPlan(req, text, ids, params, request_id("chatcmpl"), created_now())
 
 
 async def chunks(plan: ChatPlan, state: ServerState) -> AsyncIterator[dict[str, Any]]:

@@ -19,7 +19,7 @@ from mlaq.serve.errors import bad_request
 from mlaq.serve.logprobs import completion_logprobs, prompt_logprobs
 from mlaq.serve.params import check_logprobs, logit_bias, sampling_params, unsupported
 from mlaq.serve.protocol import CompletionRequest
-from mlaq.serve.state import ServerState, request_id
+from mlaq.serve.state import ServerState, created_now, request_id
 from mlaq.serve.streams import merge, spec_decoding_metrics, usage
 
 
@@ -80,7 +80,7 @@ def plan(req: CompletionRequest, state: ServerState) -> CompletionPlan:
             params.append(sp)
     if req.max_tokens == 0 and not req.echo and req.prompt_logprobs is None:
         raise bad_request("max_tokens 0 returns nothing unless echo or prompt_logprobs is set.", "max_tokens")
-    return CompletionPlan(req, tuple(prompts), tuple(params), request_id("cmpl"), state.created)
+    return CompletionPlan(req, tuple(prompts), tuple(params), request_id("cmpl"), created_now())
 
 
 def _with_prompt_logprobs(sp: SamplingParams, n: int) -> SamplingParams:

@@ -42,6 +42,7 @@ class APIError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     kind = TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate, escaped
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
@@ -57,7 +58,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
-    first = errors[0]
+    # a union reports every member it tried: the error that is not a type mismatch says what was wrong
+    first = next((e for e in errors if not str(e.get("type", "")).endswith("_type")), errors[0])
     # pydantic puts the union member tried into the location ("stop", "str"): keep the field path
     loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _is_type_tag(x)]
     param = ".".join(loc) or None
@@ -66,14 +68,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     what = f"{param}: " if param else ""
     value = first.get("input")
     shown = f" (got {value!r})" if param and not isinstance(value, dict) and len(repr(value)) < 80 else ""
-    return f"{what}{first.get('msg')}{shown}", param
+    msg = str(first.get("msg", "")).removeprefix("Value error, ")
+    return f"{what}{msg}{shown}", param
 
 
 _TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "function-after", "constrained-str"}
 
 
 def _is_type_tag(x: object) -> bool:
-    return isinstance(x, str) and (x in _TAGS or "[" in x)
+    return isinstance(x, str) and (x in _TAGS or "[" in x or x.startswith("constrained-"))
 
 
 def install_handlers(app: FastAPI) -> None:

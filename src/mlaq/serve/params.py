@@ -28,6 +28,13 @@ def check_logprobs(name: str, value: int | None, config: ServeConfig) -> None:
 
 
 def unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
+    field = req.unsupported_field()
+    if field is not None:
+        raise bad_request(
+            f"{field} is not supported by mlaq serve: it generates plain text only (no tool calls, "
+            "no structured or guided output); remove the field.",
+            field,
+        )
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}.", "n")
     if isinstance(req, CompletionRequest):

@@ -9,6 +9,7 @@ with an error) and stop the engine thread.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import threading
@@ -106,15 +107,43 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_exposed(host: str, api_key: str | None) -> None:
+    """A warning when ``host`` is reachable from other machines; louder with no API key."""
+    if is_loopback(host):
+        return
+    if api_key is None:
+        LOG.warning(
+            "mlaq serve: listening on %s with NO API key: anyone who can reach this port can run the model "
+            "and read /metrics; set --api-key or VLLM_API_KEY, or bind 127.0.0.1",
+            host,
+        )
+    else:
+        LOG.warning(
+            "mlaq serve: listening on %s, reachable from other machines; the API key guards /v1 only "
+            "(/health, /metrics, /tokenize, /detokenize, /tokenizer_info, /version stay open) and travels "
+            "in clear text (no TLS)",
+            host,
+        )
+
+
 def run_server(
-    state: Any, host: str, port: int, shutdown_timeout: float = 10.0, log_level: str = "info"
+    state: Any, sock: socket.socket, host: str, shutdown_timeout: float = 10.0, log_level: str = "info"
 ) -> int:
-    """Serve until SIGINT / SIGTERM; returns 0 after a clean stop."""
+    """Serve on ``sock`` (from :func:`bind`) until SIGINT / SIGTERM; returns 0 after a clean stop."""
     import uvicorn
 
     from mlaq.serve.app import build_app
 
-    sock = bind(host, port)
     actual = sock.getsockname()[1]
     config = uvicorn.Config(
         build_app(state),
@@ -142,19 +171,29 @@ def _server_class() -> type:
 
     class Server(uvicorn.Server):
         """uvicorn's server; on the first SIGINT / SIGTERM the engine gets ``grace`` seconds to finish
-        in-flight requests, then fails the rest with an error the clients can read."""
+        in-flight requests, then fails the rest with an error the clients can read. A second signal
+        fails them now (each stream still ends with its error event and ``[DONE]``, each plain reply is
+        a JSON 503); only a third lets uvicorn drop the connections."""
 
         def __init__(self, config: Any, engine: Any, grace: float) -> None:
             super().__init__(config)
-            self._engine, self._grace, self._timer = engine, grace, None
+            self._engine, self._grace, self._timer, self._signals = engine, grace, None, 0
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self._timer is None:
+            self._signals += 1
+            if self._signals == 1:
                 LOG.info("mlaq serve: stopping (in-flight requests get %.0f s to finish)", self._grace)
                 self._timer = threading.Timer(self._grace, self._engine.stop)
+            elif self._signals == 2:
+                LOG.info("mlaq serve: stopping now: in-flight requests end with an error")
+                self._timer.cancel()
+                self._timer = threading.Timer(0.0, self._engine.stop)  # not here: stop() joins a thread
+            if self._signals <= 2:
                 self._timer.daemon = True
                 self._timer.start()
-            super().handle_exit(sig, frame)
+                self.should_exit = True
+            else:
+                super().handle_exit(sig, frame)
             # uvicorn re-raises captured signals on exit (status -15); a requested stop is a clean exit
             getattr(self, "_captured_signals", []).clear()
 

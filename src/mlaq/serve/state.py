@@ -56,3 +56,8 @@ class ServerState:
 
 def request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def created_now() -> int:
+    """A reply's ``created``: when its request arrived (Unix seconds), as OpenAI and vLLM set it."""
+    return int(time.time())
