@@ -124,8 +124,8 @@ def split_query(template: str, rng: np.random.Generator, enc, **kw: str) -> tupl
 @dataclass(frozen=True)
 class Mix:
     """Share of windows of each kind (the rest is plain natural text): 80 % carry a task. A kv window
-    holds 1 to min(64, n // pair_tokens) facts and queries up to max_queries of them (all of them when
-    query_all)."""
+    holds 1 to min(max_pairs, n // pair_tokens) facts and queries up to max_queries of them (all of them
+    when query_all); a share `few` of kv windows holds only 1 to 3 facts (needles in a long haystack)."""
 
     kv: float = 0.5
     copy: float = 0.2
@@ -133,12 +133,18 @@ class Mix:
     pair_tokens: int = 40
     max_queries: int = 12
     query_all: bool = False
+    max_pairs: int = 64
+    few: float = 0.0
 
 
 # Retrieval-dense windows: every fact queried (up to 32): ~2x the key -> value answer tokens per token of
 # the default mix (what associative recall is learned from); 95 % of windows carry a task.
 DENSE = Mix(kv=0.65, copy=0.2, vartrack=0.1, pair_tokens=40, max_queries=32, query_all=True)
-MIXES = {"default": Mix(), "dense": DENSE}
+# For long windows (8K-16K): more windows with facts, up to 128 facts and 64 queries per window (a 16K
+# window of the dense mix answers only ~32), and a quarter of kv windows needle-like (1-3 facts).
+LONG = Mix(kv=0.75, copy=0.1, vartrack=0.1, pair_tokens=40, max_queries=64, query_all=True, max_pairs=128,
+           few=0.25)  # fmt: skip
+MIXES = {"default": Mix(), "dense": DENSE, "long": LONG}
 
 
 Ids = tuple[list[int], list[int]]  # token ids and a same-length 0/1 answer mask
@@ -162,7 +168,10 @@ def _plain(hay: list[int], n: int) -> Ids:
 def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator, mix: Mix = Mix()) -> Ids:
     """n + 1 tokens: facts spread through the haystack, queries at the end (needle when one fact)."""
     enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
-    pairs = int(rng.integers(1, max(2, min(64, n // mix.pair_tokens)) + 1))
+    top = max(2, min(mix.max_pairs, n // mix.pair_tokens))
+    if mix.few and rng.random() < mix.few:  # (no draw for mixes without `few`: their windows unchanged)
+        top = min(top, 3)
+    pairs = int(rng.integers(1, top + 1))
     fact_t, query_ts = FORMS[rng.integers(len(FORMS))]
     d = word(rng, int(rng.integers(1, 4)))
     keys = list(dict.fromkeys(random_key(rng) for _ in range(pairs)))

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlaq.model.mla_config import MLAConfig
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """DeepseekV3RMSNorm: normalise in fp32, cast back, then scale."""
@@ -35,12 +37,11 @@ def lin(i: int, o: int) -> nn.Linear:
     return nn.Linear(i, o, bias=False)
 
 
-def rope_tables(dim: int, seq: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Default RoPE cos/sin (seq, dim) as transformers builds them (cat(freqs, freqs))."""
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    freqs = torch.arange(seq).float()[:, None] * inv[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+def rope_tables(mla: MLAConfig, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (seq, R) as transformers lays them out (cat(half, half)), from mlaq's own Rope: plain RoPE,
+    or DeepSeek's YaRN (blended frequencies, cos/sin times mscale / mscale_all_dim's ratio)."""
+    cos, sin = mla.rope.cos_sin(torch.arange(seq))  # (seq, R/2), float32
+    return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 
 def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -65,7 +66,7 @@ class Attention(nn.Module):
         self.kv_a_proj_with_mqa, self.kv_a_layernorm = lin(h, self.lora + self.rope), Norm(self.lora, 1e-6)
         self.kv_b_proj = lin(self.lora, self.nh * (self.nope + self.v))
         self.o_proj = lin(self.nh * self.v, h)
-        self.scale = qk**-0.5  # default RoPE: no YaRN mscale
+        self.scale = MLAConfig.from_hf(c).softmax_scale  # 1/sqrt(qk), times YaRN's mscale_all_dim^2
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape  # x: (B, T, H)
@@ -221,8 +222,7 @@ class LeanTiny(nn.Module):
         self.model.layers = nn.ModuleList([*layers, MtpLayer(c)])
         self.model.norm = Norm(h, c["rms_norm_eps"])
         self.lm_head = lin(h, c["vocab_size"])
-        theta = c.get("rope_parameters", {}).get("rope_theta", c.get("rope_theta", 10000.0))
-        cos, sin = rope_tables(c["qk_rope_head_dim"], c["max_position_embeddings"], theta)
+        cos, sin = rope_tables(MLAConfig.from_hf(c), c["max_position_embeddings"])
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.reset_parameters(c.get("initializer_range", 0.02))

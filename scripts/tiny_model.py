@@ -44,8 +44,19 @@ class TinyGeometry:
     max_position_embeddings: int = 2048
 
 
-def build_config(g: TinyGeometry, bos_token_id: int, eos_token_id: int) -> DeepseekV3Config:
-    """A genuine deepseek_v3 config: first layer dense, the rest MoE, one MTP layer."""
+def yarn_parameters(factor: float, original: int) -> dict:
+    """DeepSeek-V3's YaRN (its config.json's rope_scaling) with another factor: beta_fast 32, beta_slow 1,
+    mscale = mscale_all_dim = 1 (cos/sin unscaled; softmax scale times (0.1 ln(factor) + 1)^2)."""
+    return {"rope_type": "yarn", "rope_theta": 10000.0, "factor": float(factor),
+            "original_max_position_embeddings": int(original), "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+
+
+def build_config(
+    g: TinyGeometry, bos_token_id: int, eos_token_id: int, rope_parameters: dict | None = None
+) -> DeepseekV3Config:
+    """A genuine deepseek_v3 config: first layer dense, the rest MoE, one MTP layer; plain RoPE unless
+    rope_parameters (e.g. yarn_parameters) are given."""
     for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         if getattr(g, name) % 32:
             raise ValueError(f"{name}={getattr(g, name)} must be a multiple of 32 (MXFP4 block tiling)")
@@ -77,7 +88,7 @@ def build_config(g: TinyGeometry, bos_token_id: int, eos_token_id: int) -> Deeps
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
         tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
         rope_interleave=True,
         attention_bias=False,
         num_nextn_predict_layers=1,

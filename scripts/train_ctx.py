@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from ctx_data import KERNEL_DOCS, MIXES, PY_DOCS, code_texts, heldout_prose, make_window, prose_texts
+from ctx_plan import context, lr_at, phase_at, phases
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tiny_data import SPECIAL, encode_stream, tokenizer_config, train_tokenizer
@@ -74,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a state file (weights + AdamW moments) or an exported model directory (weights "
                         "only) to start a NEW run from (step and LR schedule start again); its tokens are "
                         "carried into the totals")  # fmt: skip
+    p.add_argument("--yarn-factor", type=float, default=0.0,
+                   help="extend the context by this factor with DeepSeek-V3's YaRN (rope_scaling type yarn): "
+                        "max_position_embeddings = factor x the original context (4096, or --init-from's)")  # fmt: skip
     p.add_argument("--bias-speed", type=float, default=1e-2)
     p.add_argument("--balance-alpha", type=float, default=0.01)
     p.add_argument("--prose-mb", type=float, default=30.0, help="MB of kernel docs to train on")
@@ -94,26 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def phases(spec: str) -> list[tuple[int, int, int]]:
-    """'512x8:1200000,...' -> [(seq, batch, tokens), ...]."""
-    out = []
-    for part in spec.split(","):
-        shape, tokens = part.split(":")
-        seq, batch = shape.split("x")
-        out.append((int(seq), int(batch), int(tokens)))
-    return out
-
-
-def phase_at(tokens: int, plan: list[tuple[int, int, int]]) -> int:
-    """Index of the phase the run is in after `tokens` tokens (len(plan) when done)."""
-    edge = 0
-    for i, (_, _, n) in enumerate(plan):
-        edge += n
-        if tokens < edge:
-            return i
-    return len(plan)
-
-
 def corpus(a: argparse.Namespace, run_dir: Path) -> tuple[Tokenizer, list[np.ndarray], str, str, dict]:
     """Tokenizer and token streams, built once per run and cached (deterministic)."""
     cdir = run_dir / "corpus"
@@ -125,6 +109,8 @@ def corpus(a: argparse.Namespace, run_dir: Path) -> tuple[Tokenizer, list[np.nda
     if not (cdir / "tokenizer.json").exists():
         cdir.mkdir(parents=True, exist_ok=True)
         shipped = a.out / "tokenizer.json"
+        if a.init_from is not None and a.init_from.is_dir():
+            shipped = a.init_from / "tokenizer.json"
         if a.init_from and shipped.exists():  # continuing a model: keep its tokenizer
             tok = Tokenizer.from_file(str(shipped))
         else:
@@ -181,13 +167,6 @@ def load_model_dir(path: Path, model: LeanTiny) -> dict:
     return json.loads((path / "training.json").read_text())
 
 
-def lr_at(step: int, tokens: int, total: int, a: argparse.Namespace) -> float:
-    lr = a.lr * min(1.0, (step + 1) / a.warmup)
-    if a.decay_tokens and tokens > total - a.decay_tokens:
-        lr *= 1 - 0.9 * (tokens - (total - a.decay_tokens)) / a.decay_tokens
-    return lr
-
-
 @torch.no_grad()
 def answer_stats(
     logits: torch.Tensor, targets: torch.Tensor, flags: torch.Tensor
@@ -219,9 +198,13 @@ def main(argv: list[str] | None = None) -> None:
                            q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32,
                            v_head_dim=32, intermediate_size=128, moe_intermediate_size=32,
                            max_position_embeddings=max(s for s, _, _ in plan))  # fmt: skip
+        if a.yarn_factor:
+            geo = TinyGeometry(**{**geo.__dict__, "max_position_embeddings": int(geo.max_position_embeddings
+                                                                                 // a.yarn_factor)})  # fmt: skip
+    geo, rope_params = context(a, geo, plan)
     tok, streams, held_code, held_prose, info = corpus(a, run_dir)
     bos, eos = tok.token_to_id(SPECIAL[0]), tok.token_to_id(SPECIAL[1])
-    cfg = build_config(geo, bos_token_id=bos, eos_token_id=eos)
+    cfg = build_config(geo, bos_token_id=bos, eos_token_id=eos, rope_parameters=rope_params)
     torch.manual_seed(a.seed)
     model = LeanTiny(cfg.to_dict()).train()
     for moe in model.moe_layers():
@@ -245,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
                                  "train_seconds": prior["train_seconds"], "phases": prior.get("phases"),
                                  "prior": prior.get("init_from")}  # fmt: skip
             print(f"new run from {a.init_from} ({prior['tokens']} tokens before)", flush=True)
-    meta.update(info=info, geometry=geo.__dict__, phases=a.phases, mix=a.mix, seed=a.seed, python=platform.python_version(),
+    meta.update(info=info, geometry=geo.__dict__, rope=rope_params, phases=a.phases, mix=a.mix, seed=a.seed, python=platform.python_version(),
                 torch=torch.__version__, cpu=platform.processor() or platform.machine())  # fmt: skip
     if a.export_only:
         return do_export(model, cfg, tok, a, held_code, held_prose, meta)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(SRC.parent / "scripts"))
 from tiny_data import tokenizer_config, train_tokenizer
 from tiny_export import export, load_tiny
 from tiny_lean import LeanTiny
-from tiny_model import TinyGeometry, build_config
+from tiny_model import TinyGeometry, build_config, yarn_parameters
 
 GEO = TinyGeometry(vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                    max_position_embeddings=64)  # fmt: skip
@@ -56,6 +56,29 @@ def test_lean_module_matches_transformers(exported):
     assert float((a_main - b_main).abs().max()) <= 1e-5 * scale
     assert float((a_mtp - b_mtp).abs().max()) <= 1e-5 * float(b_mtp.abs().max())
     assert abs(float(a_ce - b_ce)) < 1e-5 and abs(float(a_mce - b_mce)) < 1e-5
+
+
+def test_yarn_lean_module_matches_transformers(tmp_path):
+    """DeepSeek's YaRN (factor 4 over a 64-token original context, mscale = mscale_all_dim = 1): the lean
+    module's rope and softmax scale (through mlaq's Rope / MLAConfig) give transformers' logits past the
+    original context, where the blended frequencies matter."""
+    geo = TinyGeometry(**{**GEO.__dict__, "max_position_embeddings": 256})
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 20], 300)
+    cfg = build_config(geo, bos_token_id=0, eos_token_id=1, rope_parameters=yarn_parameters(4, 64))
+    torch.manual_seed(0)
+    lean = LeanTiny(cfg.to_dict()).eval()
+    assert lean.model.layers[0].self_attn.scale == pytest.approx(96**-0.5 * (0.1 * 1.3862944 + 1) ** 2)
+    export(lean.checkpoint_tensors(), cfg, tok, tokenizer_config(256), tmp_path / "ckpt")
+    lean.load_checkpoint_tensors(
+        {k: v.float() for k, v in load_file(tmp_path / "ckpt" / "model.safetensors").items()}
+    )
+    ref = load_tiny(tmp_path / "ckpt")
+    ids = torch.randint(3, 300, (1, 200), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a_main, a_mtp, _, _ = lean(ids)
+        b_main, b_mtp, _, _ = ref(ids)
+    assert float((a_main - b_main).abs().max()) <= 1e-5 * float(b_main.abs().max())
+    assert float((a_mtp - b_mtp).abs().max()) <= 1e-5 * float(b_mtp.abs().max())
 
 
 def test_checkpoint_names_round_trip(exported):

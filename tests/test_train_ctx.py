@@ -19,7 +19,7 @@ from conftest import SRC
 pytest.importorskip("tokenizers")
 sys.path.insert(0, str(SRC.parent / "scripts"))
 
-from ctx_data import DENSE, Mix, copy_window, kv_window, make_window, split_query, vartrack_window
+from ctx_data import DENSE, LONG, Mix, copy_window, kv_window, make_window, split_query, vartrack_window
 from tiny_data import train_tokenizer
 
 
@@ -57,6 +57,28 @@ def test_smoke_run_exports_a_loadable_checkpoint(tmp_path, dirs):
 
     model = load_model(out, dtype=torch.float32)
     assert model.num_mtp_layers == 1
+
+
+def test_yarn_run_extends_a_model_and_refuses_a_context_mismatch(tmp_path, dirs):
+    """--yarn-factor from a plain model directory: the export is that model's tokenizer, 4x its context
+    with DeepSeek's YaRN config, and mlaq loads it; a model of another context is refused in one line."""
+    run(tmp_path / "base", dirs, "64x2:128")  # a plain model with a 64-token context
+    base = tmp_path / "base" / "out"
+    run(tmp_path / "long", dirs, "128x1:128,256x1:256", "--init-from", str(base), "--yarn-factor", "4")
+    out = tmp_path / "long" / "out"
+    c = json.loads((out / "config.json").read_text())
+    assert c["max_position_embeddings"] == 256
+    assert c["rope_parameters"]["rope_type"] == "yarn" and c["rope_parameters"]["factor"] == 4.0
+    assert c["rope_parameters"]["original_max_position_embeddings"] == 64
+    assert (out / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
+    from mlaq.model import load_model
+
+    assert load_model(out, dtype=torch.float32).num_mtp_layers == 1
+    # a YaRN model continued with another factor
+    with pytest.raises(SystemExit, match=r"YaRN factor 4\.0, but this run has 64 with 2\.0"):
+        run(tmp_path / "again", dirs, "128x1:128", "--init-from", str(out), "--yarn-factor", "2")
+    with pytest.raises(SystemExit, match="context 64 with YaRN factor none, but this run has 128"):
+        run(tmp_path / "far", dirs, "256x1:256", "--init-from", str(base), "--yarn-factor", "2")
 
 
 def test_interrupted_run_resumes_bit_exactly(tmp_path, dirs):
@@ -111,6 +133,17 @@ def test_dense_kv_windows_query_every_fact(tok):
             if name == "dense" and len(counts) <= 32:
                 assert all(c >= 2 for c in counts.values()), counts
     assert asked["dense"] > asked["default"], asked
+
+
+def test_long_mix_has_needles_and_many_keys(tok):
+    """--mix long: some kv windows are needles (1-3 facts), others hold more than the dense mix's 64."""
+    hay = list(range(1000, 30000))
+    counts = []
+    for seed in range(40):
+        w, _ = kv_window(hay, 16384, tok, np.random.default_rng(seed), LONG)
+        keys = re.findall(r"[a-z]+(?:_[a-z0-9]+)+", tok.decode([i for i in w if i < 400]))
+        counts.append(len(set(keys)))
+    assert min(counts) <= 3 and max(counts) > 64, counts
 
 
 def test_copy_window_repeats_a_segment(tok):
