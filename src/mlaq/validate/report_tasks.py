@@ -110,7 +110,45 @@ def tasks_section(r: dict[str, Any]) -> list[str]:
                     ]
                 )
         lines += [f"### {task}", "", *_table(head, body), ""]
-    return lines + needle_section(r)
+    return lines + needle_section(r) + trend_section(r)
+
+
+def trend_section(r: dict[str, Any]) -> list[str]:
+    """Per scheme and task: does the paired drop grow with length (slope per doubling, longest minus
+    shortest, stratified bootstrap 95 % intervals), with the one-sentence answer."""
+    rows = [(label, v["length_trend"]) for label, v in variants(r) if v.get("length_trend")]
+    if not rows:
+        return []
+    lines = [
+        "### does the drop grow with length?",
+        "",
+        "The paired drop against bf16 (accuracy in points; answer log-probability in nats) regressed on "
+        "log2(length) over every sample (least squares: the growth per doubling of the context), and the "
+        "longest length's mean drop minus the shortest's; 95 % intervals from a bootstrap that resamples "
+        "the samples within each length.",
+        "",
+    ]
+    head = ["scheme", "task", "figure", "n per length", "slope per doubling [95 % CI]"]
+    head += ["longest − shortest [95 % CI]"]
+    body, answers = [], []
+    for label, by_task in rows:
+        for task, figures in by_task.items():
+            for figure, t in figures.items():
+                fmt = (lambda x: f"{100 * x:+.1f} pts") if t["unit"] == "pts" else (lambda x: f"{x:+.3f}")
+                lo, hi = t["slope_ci"]
+                dlo, dhi = t["longest_minus_shortest_ci"]
+                body.append(
+                    [
+                        label,
+                        task,
+                        figure,
+                        "/".join(str(n) for n in t["n"]),
+                        f"{fmt(t['slope_per_doubling'])} [{fmt(lo)}, {fmt(hi)}]",
+                        f"{fmt(t['longest_minus_shortest'])} [{fmt(dlo)}, {fmt(dhi)}]",
+                    ]
+                )
+            answers.append(f"- {label}, {task} accuracy: {figures['accuracy']['answer']}")
+    return [*lines, *_table(head, body), "", *answers, ""]
 
 
 def needle_section(r: dict[str, Any]) -> list[str]:

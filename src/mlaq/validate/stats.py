@@ -15,7 +15,7 @@ from mlaq.validate.intervals import paired_ratio_bootstrap
 from mlaq.validate.kld import KLD_QUANTILES, distribution, kld_statistics_by_bucket
 from mlaq.validate.metrics import first_divergence, longest_loop, repeated_ngram_share
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, Totals, VariantRecord
-from mlaq.validate.task_stats import flip_table, needle_by_depth, task_table
+from mlaq.validate.task_stats import flip_table, needle_by_depth, task_table, trend_table
 from mlaq.validate.theory import THEORY, theory_for
 from mlaq.validate.topk_kl import estimator_summary
 from mlaq.validate.verdict import VerdictConfig, verdict
@@ -229,6 +229,8 @@ def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record
     if r.tasks is not None and v.tasks:
         out["tasks"] = task_table(r.tasks, v, reference, r.seed)
         out["needle_by_depth"] = needle_by_depth(r.tasks, v)
+        if reference is not None and (trends := trend_table(r.tasks, v, reference, r.seed)):
+            out["length_trend"] = trends
     out.update(flip_table(v, r.buckets))
     out["seconds"] = v.seconds
     return out

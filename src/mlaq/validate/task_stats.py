@@ -16,6 +16,7 @@ from typing import Any
 
 from mlaq.validate.intervals import mcnemar_exact, min_detectable_drop, paired_bootstrap, wilson
 from mlaq.validate.record import TaskScoreRecord, TaskSuiteRecord, Totals, VariantRecord
+from mlaq.validate.trend import length_trend
 
 
 def _cells(suite: TaskSuiteRecord) -> dict[tuple[str, int], list[int]]:
@@ -78,6 +79,25 @@ def task_table(
         )
         out.setdefault(task, {})[str(length)] = cell
     return out
+
+
+def trend_table(
+    suite: TaskSuiteRecord, v: VariantRecord, reference: VariantRecord, seed: int
+) -> dict[str, dict[str, Any]]:
+    """``{task: {"accuracy": trend, "logprob": trend}}`` for tasks measured at >= 2 lengths: does the paired
+    drop against the reference (accuracy; answer log-probability) grow with length (mlaq.validate.trend)."""
+    drops: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: {"accuracy": {}, "logprob": {}})
+    for (task, length), idx in _cells(suite).items():
+        pairs = [(reference.tasks[i], v.tasks[i]) for i in idx]
+        drops[task]["accuracy"][length] = [float(r.correct) - float(c.correct) for r, c in pairs]
+        drops[task]["logprob"][length] = [r.logprob - c.logprob for r, c in pairs]
+    return {
+        task: {
+            m: length_trend(d[m], unit="pts" if m == "accuracy" else "nats", seed=seed).as_dict() for m in d
+        }
+        for task, d in sorted(drops.items(), key=lambda kv: suite_order(suite, kv[0]))
+        if len(d["accuracy"]) >= 2
+    }
 
 
 def suite_order(suite: TaskSuiteRecord, task: str) -> int:
