@@ -34,7 +34,7 @@ from mlaq.validate.tasks.scoring import score_variants
 from mlaq.validate.tasks.spec import TaskConfig
 
 REPO = Path(__file__).resolve().parents[1]
-EDGES = (0, 64, 256, 512, 1024, 2048, 4096)
+EDGES = (0, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 @torch.no_grad()
@@ -50,10 +50,12 @@ def loss_by_position(model, tokens: list[int], ctx: int, windows: int) -> dict[s
     return {f"{a}-{b}": round(float(mean[a:b].mean()), 4) for a, b in itertools.pairwise(EDGES) if a < ctx}
 
 
-def tasks(model, hay: Haystack, encode, lengths, samples: int, seed: int) -> dict:
+TASKS = {"needle": {}, "multikey": {"pairs": 16}, "copy": {"copy_tokens": 256}, "vartrack": {}}
+
+
+def tasks(model, hay: Haystack, encode, lengths, samples: int, seed: int, names=tuple(TASKS)) -> dict:
     out: dict = {}
-    for task, extra in (("needle", {}), ("multikey", {"pairs": 16}), ("copy", {"copy_tokens": 256}),
-                        ("vartrack", {})):  # fmt: skip
+    for task, extra in ((t, TASKS[t]) for t in names):
         cfg = TaskConfig(
             tasks=(task,), lengths=lengths, samples=samples, seed=seed, batch_tokens=8192, **extra
         )
@@ -85,6 +87,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--lengths", default="1024,2048,4096")
     p.add_argument("--windows", type=int, default=4)
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=None)
@@ -95,15 +98,19 @@ def main() -> None:
     tok = Tokenizer.from_file(str(a.model / "tokenizer.json"))
     encode = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     lengths = tuple(int(x) for x in a.lengths.split(","))
+    names = tuple(a.tasks.split(","))
+    if unknown := [t for t in names if t not in TASKS]:
+        raise SystemExit(f"--tasks: unknown {', '.join(unknown)}; choose from {', '.join(TASKS)}")
     ctx = json.loads((a.model / "config.json").read_text())["max_position_embeddings"]
-    result: dict = {"model": str(a.model), "samples": a.samples, "lengths": list(lengths)}
+    result: dict = {"model": str(a.model), "samples": a.samples, "lengths": list(lengths), "tasks": list(names),
+                    "seed": a.seed, "threads": a.threads}  # fmt: skip
     for name, file in (("code", "heldout.txt"), ("prose", "heldout-prose.txt")):
         ids = encode((a.model / file).read_text())
         result[name] = {
             "haystack": file,
             "tokens": len(ids),
             "loss_by_position": loss_by_position(model, ids, ctx, a.windows),
-            "tasks": tasks(model, Haystack(file, tuple(ids)), encode, lengths, a.samples, a.seed),
+            "tasks": tasks(model, Haystack(file, tuple(ids)), encode, lengths, a.samples, a.seed, names),
         }
         print(json.dumps({name: result[name]}), flush=True)
     result["seconds"] = round(time.time() - t0, 1)
