@@ -31,6 +31,7 @@ def _server(s: dict[str, Any] | None) -> str:
         f"teacher forcing via {s.get('teacher_forcing') or '—'}, /metrics {metrics}"
         + (" spec-decode counters" if s.get("metrics") else "")
         + (f", acceptance from {s['acceptance_source']}" if s.get("acceptance_source") else "")
+        + "".join(f"; {what.replace('_', ' ')} via {api}" for what, api in (s.get("apis") or {}).items())
     )
 
 

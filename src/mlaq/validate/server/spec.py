@@ -154,7 +154,8 @@ def per_request_stats(metrics: Mapping[str, Any] | None) -> SpecDecodingStats | 
     k = int(spec.get("num_spec_tokens") or (max(hist_map) if hist_map else 0))
     accepted = int(spec.get("num_accepted_draft_tokens", sum(a * c for a, c in hist_map.items())))
     draft_tokens = int(spec.get("num_draft_tokens", steps * k))
-    per_pos = tuple(sum(c for a, c in hist_map.items() if a > i) for i in range(k))
+    # no histogram (SGLang's counters): the per-position figures are unknown, not zero
+    per_pos = tuple(sum(c for a, c in hist_map.items() if a > i) for i in range(k)) if hist_map else ()
     return SpecDecodingStats(steps, draft_tokens, accepted, per_pos)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlaq.validate.server import sglang
 from mlaq.validate.server.client import ClientConfig, HttpClient, ServerError, Unsupported
 from mlaq.validate.server.protocol import (
     NO_LOGPROBS,
@@ -41,6 +42,8 @@ class Identity:
     metrics: bool = False  # /metrics answers
     spec_decode_counters: bool = False  # /metrics carries vllm:spec_decode_* counters
     notes: list[str] = field(default_factory=list)
+    kind: str = "openai"  # "sglang": its native /generate carries teacher forcing and generation
+    apis: dict[str, str] = field(default_factory=dict)  # measurement -> the API that answered it
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -80,9 +83,17 @@ class ServerTarget:
             )
         entry = data[names.index(self._model)]
         version = None
-        with contextlib.suppress(ServerError):  # /version is optional (SGLang: /get_server_info)
+        with contextlib.suppress(ServerError):  # /version is optional (SGLang 0.5.23 has none)
             version = str(self.client.get_json("/version").get("version"))
-        ident = Identity(self.client.config.base, self._model, entry.get("max_model_len"), version)
+        info = self._sglang_info() if version is None else None
+        max_len = entry.get("max_model_len") or (info.context_length if info else None)
+        ident = Identity(self.client.config.base, self._model, max_len, info.version if info else version)
+        if info is not None:
+            ident.kind = "sglang"
+            ident.teacher_forcing = self._tf_mode = sglang.TEACHER_FORCING
+            ident.apis = {"teacher_forcing": sglang.TEACHER_FORCING, "generation": sglang.GENERATION}
+            if info.speculative_algorithm:
+                ident.apis["acceptance"] = sglang.ACCEPTANCE
         try:
             c = self.scrape()
             ident.metrics, ident.spec_decode_counters = True, c.has_spec
@@ -90,6 +101,19 @@ class ServerTarget:
             ident.notes.append("no /metrics endpoint: MTP acceptance only from per-request metrics")
         self.identity = ident
         return ident
+
+    def _sglang_info(self) -> sglang.SglangInfo | None:
+        """The server's SGLang info (the server kind is decided here, once), or None: not SGLang."""
+        for path in sglang.SERVER_INFO:
+            try:
+                return sglang.sglang_info(self.client.get_json(path))
+            except ServerError:
+                continue
+        return None
+
+    @property
+    def sglang(self) -> bool:
+        return self.identity is not None and self.identity.kind == "sglang"
 
     @property
     def model(self) -> str:
@@ -144,6 +168,9 @@ class ServerTarget:
         if len(tokens) < 2:
             raise ValueError("teacher forcing needs at least 2 tokens")
         self.probe_teacher_forcing(k)
+        if self.sglang:
+            body = sglang.generate_body(tokens, 1, k, prompt_logprobs=True)
+            return sglang.parse_teacher_forced(self.client.post_json("/generate", body), tokens)
         if self._tf_mode == "prompt_logprobs":
             r = self._completion(tokens, max_tokens=1, prompt_logprobs=k)
             parsed = parse_prompt_logprobs(r, tokens)
@@ -180,6 +207,9 @@ class ServerTarget:
     def greedy(self, prompt: list[int], max_tokens: int, k: int = 1) -> Greedy:
         """Greedy completion of ``prompt`` (EOS ignored, so every prompt yields ``max_tokens``), with
         the top-``k`` distribution of every generated token."""
+        if self.sglang:
+            body = sglang.generate_body(prompt, max_tokens, k, prompt_logprobs=False)
+            return sglang.parse_greedy(self.client.post_json("/generate", body))
         extras = {"logprobs": k, "return_tokens_as_token_ids": True, "return_token_ids": True}
         r = self._completion(prompt, max_tokens=max_tokens, ignore_eos=True, **extras)
         ids, text = parse_greedy_ids(r)
