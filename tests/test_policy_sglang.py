@@ -40,6 +40,7 @@ def rows(result) -> set[tuple[bool, str, str | None, str]]:
 
 AITER = {"SGLANG_USE_AITER": "1"}
 W8 = "fp8_per_tensor_w8a16_sglang"
+AITER_FP8 = "fp8_per_tensor_sglang"
 TABLE = [
     # GLM-5 bf16 kv_b_proj: e4m3fn one scale on gfx950 with AITER only; the MTP draft untouched
     (
@@ -154,3 +155,31 @@ def test_explain_shows_sglang_beside_vllm_and_mlaq(capsys, monkeypatch):
     rc = main(["explain", str(DSV3), "--platform", "rocm-gfx942", "--engine-defaults", "sglang-0.5.23"])
     err = capsys.readouterr().err
     assert rc == 2 and "crashes in its first CUDA-graph capture" in err and err.count("\n") == 1
+
+
+def test_loaded_model_runs_sglang_gfx942_bmms_with_one_shared_scale(tmp_path):
+    """A block-FP8 checkpoint as SGLang 0.5.23 runs it on gfx942 with AITER: the whole kv_b_proj
+    re-quantized to one e4m3fnuz scale (max 224), W_UK through AITER's a8w8 BMM, W_UV weight-only."""
+    import torch
+
+    from mlaq.bmm.sglang_fp8 import sglang_input_to_float8
+    from mlaq.formats import Fp8Dtype
+    from mlaq.model import load_model
+    from model_helpers import decode_vs_prefill, hf_checkpoint
+    from quant_helpers import quantize_checkpoint
+
+    _, path = hf_checkpoint("deepseek_v3", tmp_path)
+    exact = quantize_checkpoint(path, "fp8")
+    s = Settings.from_env(AITER, platform="rocm-gfx942", engine="sglang-0.5.23")
+    model = load_model(path, settings=s)
+    cfg = model.mla_config
+    n, p, v = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+    for d in (d for d in model.bmm_decisions if not d.mtp):  # transformers saved no MTP layer
+        absorbed = model.model.layers[d.layer].self_attn.absorbed
+        assert (absorbed.scheme_uk.name, absorbed.scheme_uv.name) == (f"{AITER_FP8}_fnuz", f"{W8}_fnuz")
+        whole = exact[f"model.layers.{d.layer}.self_attn.kv_b_proj.weight"]
+        codes, scale = sglang_input_to_float8(whole, Fp8Dtype.E4M3FNUZ)
+        assert float(absorbed.w_uk.scale) == float(absorbed.w_uv.scale) == float(scale)
+        per_head = codes.view(n, p + v, -1).view(torch.uint8)
+        assert torch.equal(absorbed.w_uk.codes.view(torch.uint8), per_head[:, :p])
+    assert 0 < decode_vs_prefill(model) < 0.2
