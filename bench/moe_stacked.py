@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from mlaq.libc import keep_freed_memory
-from mlaq.model.loader import load_model
-from mlaq.model.moe import MoE
+from mlaq.model.layers.moe import MoE
+from mlaq.model.loading.loader import load_model
 from mlaq.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from mlaq.model import ModelCache, Precision, load_model, mla_latent
-from mlaq.model.mla import AttnPath
+from mlaq.model import ModelCache, Precision, load_model
+from mlaq.model.layers import mla_latent
+from mlaq.model.layers.mla import AttnPath
 from mlaq.settings import Settings
 from mlaq.validate.capture import attention_output, capture_reference, project_input
 from mlaq.validate.config import bundled_model_dir

@@ -37,7 +37,7 @@ from tiny_model import TinyGeometry, build_config
 from tokenizers import Tokenizer
 from train_tiny import make_optimizer, update_router_bias
 
-from mlaq.model.linear import native_low_precision_gemm
+from mlaq.model.layers.linear import native_low_precision_gemm
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlaq-train"
@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--autocast", choices=("auto", "bf16", "off"), default="auto",
                    help="bf16 autocast for matmuls; auto: only where torch has a native bf16 GEMM (oneDNN with "
-                        "AVX512_BF16 or AMX; mlaq.model.linear): on an AVX2-only CPU the bf16 matmul runs "
+                        "AVX512_BF16 or AMX; mlaq.model.layers.linear): on an AVX2-only CPU the bf16 matmul runs "
                         "~100x slower than fp32")  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="tiny model, tiny corpus: for the CI test")
     return p.parse_args(argv)

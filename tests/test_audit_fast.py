@@ -18,7 +18,7 @@ from mlaq.audit.stats import Reference, scheme_error, weight_stats
 from mlaq.bmm import get_scheme, split_kv_b_proj, split_kv_b_proj_fp8
 from mlaq.formats import Fp8Dtype, e2m1_round, fp8_cast, quantize_fp8
 from mlaq.formats.fp8 import fp8_has_nan
-from mlaq.model.weights import CheckpointWeight, WeightFormat
+from mlaq.model.loading.weights import CheckpointWeight, WeightFormat
 from mlaq.settings import Settings
 from quant_helpers import quantize_checkpoint
 

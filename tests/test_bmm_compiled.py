@@ -1,5 +1,5 @@
 """``BmmScheme.compiles_exactly``: a scheme that says inductor reproduces it runs inside ``compile=True``'s
-compiled pieces (mlaq.model.step_pieces), so its compiled ``apply`` must equal the eager one bit for bit.
+compiled pieces (mlaq.model.layers.step_pieces), so its compiled ``apply`` must equal the eager one bit for bit.
 
 Every such scheme, both BMM shapes of DeepSeek-V3's geometry (W_UK (N, 128, 512), W_UV^T (N, 512, 128)),
 one row (decode: inductor writes a one-row bmm as a multiply and a sum) and several (an extern bmm), with

@@ -18,7 +18,7 @@ from mlaq.engine.compiled import CompiledLatentLM
 from mlaq.engine.llm import LLM
 from mlaq.engine.sampling_params import SamplingParams
 from mlaq.model import load_model
-from mlaq.model.step_pieces import StepPieces
+from mlaq.model.layers.step_pieces import StepPieces
 from model_helpers import deepseek_v3_with_mtp, hf_checkpoint
 
 PROMPTS = [[5, 17, 33, 2, 9, 41, 7], [11, 3, 60, 28], [70, 12, 8, 51, 19, 4, 30, 22, 6]]
@@ -76,7 +76,7 @@ def test_compiled_speculative_greedy_equals_plain_greedy(checkpoint):
 def test_static_moe_matches_eager_moe(checkpoint, tmp_path, top_k):
     """The routing-independent MoE (gathered and all-expert forms) against MoE.forward; top_k 3 takes
     the sorted-experts branch (with 2 the sum needs no order)."""
-    from mlaq.model.step_pieces import _moe
+    from mlaq.model.layers.step_pieces import _moe
 
     if top_k != 2:
         hf_checkpoint("deepseek_v3", tmp_path, num_hidden_layers=2, num_experts_per_tok=top_k)
@@ -173,7 +173,7 @@ def test_compiled_pieces_are_guarded_on_their_inputs_only(checkpoint):
 def test_module_globals_the_pieces_read_are_not_guarded(checkpoint, monkeypatch):
     """Nor the identity of the module functions the pieces call (checked on every call by default): a
     function rebound after the pieces compiled is not seen by them, and nothing recompiles."""
-    from mlaq.model import mla
+    from mlaq.model.layers import mla
 
     model = CompiledLatentLM(load_model(checkpoint), backend="aot_eager")
     llm = LLM(model, max_model_len=64)
@@ -190,7 +190,7 @@ def test_both_attention_kernels_give_eager_tokens(checkpoint, monkeypatch, dtype
     """``attention="mlaq"`` (mlaq's C kernel: decode, verification and a lone prompt's causal prefill;
     in bf16 also the ``bf16`` scheme's two BMMs) and ``attention="torch"`` (torch's fused kernel): eager's
     greedy tokens, plain and with MTP, one prompt and three of different lengths."""
-    from mlaq.model.mla_kernel import MlaKernel
+    from mlaq.model.kernels.mla_kernel import MlaKernel
 
     calls: list[str] = []
     for name in ("attend", "prefill", "absorb", "up"):
@@ -294,8 +294,8 @@ def test_fused_gate_up_keeps_eagers_bits_in_the_pieces():
     """Inside the compiled pieces an MLP on gate_up gives eager's bits: SiLU reads the GEMM's bf16 output (as
     separate GEMMs, inductor fused SiLU into oneDNN's gate GEMM, applied to the float32 sum before rounding)."""
     from mlaq.engine.compile_regions import Settings, compiled_region
-    from mlaq.model.linear import fuse_rows
-    from mlaq.model.moe import DenseMLP
+    from mlaq.model.layers.linear import fuse_rows
+    from mlaq.model.layers.moe import DenseMLP
 
     torch.manual_seed(0)
     mlp = DenseMLP(64, 96, dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""mlaq.model.linear: bf16 linears through the float32 GEMM where the CPU has no native bf16 GEMM."""
+"""mlaq.model.layers.linear: bf16 linears through the float32 GEMM where the CPU has no native bf16 GEMM."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from mlaq.model import linear as lin
+from mlaq.model.layers import linear as lin
 
 
 def _operands(rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from mlaq.model import load_model
-from mlaq.model.checkpoint import SafetensorsCheckpoint
+from mlaq.model.loading.checkpoint import SafetensorsCheckpoint
 from mlaq.settings import Settings
 from model_helpers import edit_config, hf_checkpoint, read_tensors, write_tensors
 from quant_helpers import quantize_checkpoint

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from mlaq.model.loader import load_model
+from mlaq.model.loading.loader import load_model
 from mlaq.settings import Settings
 from model_helpers import fused_experts, hf_checkpoint, read_tensors, write_tensors
 

@@ -7,11 +7,11 @@ import torch
 
 from mlaq.bmm import get_scheme, split_kv_b_proj, split_kv_b_proj_fp8
 from mlaq.formats import Fp8Dtype, quantize_fp8_per_block
-from mlaq.model.mla import AttnPath, MLAttention
-from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mla_core import Precision
-from mlaq.model.mla_latent import masked_softmax
-from mlaq.model.rope import YarnScaling
+from mlaq.model.layers.mla import AttnPath, MLAttention
+from mlaq.model.layers.mla_config import MLAConfig
+from mlaq.model.layers.mla_core import Precision
+from mlaq.model.layers.mla_latent import masked_softmax
+from mlaq.model.layers.rope import YarnScaling
 
 NAIVE, ABSORBED = AttnPath.NAIVE, AttnPath.ABSORBED
 YARN = YarnScaling(40.0, 4096, mscale=1.0, mscale_all_dim=1.0)
@@ -336,7 +336,7 @@ def _unfused(q_nope, q_pe, keys, mask, kv_b, scale):
 def test_fused_naive_attention_padded_v_matches_float64(dtype, tol, kind):
     """V (128) is zero-padded to QK's 192 for torch's flash kernel and a plain causal mask goes as
     is_causal; the output must still be the unfused attention's, under every mask shape."""
-    from mlaq.model.mla_core import is_causal, naive_attention
+    from mlaq.model.layers.mla_core import is_causal, naive_attention
 
     g = torch.Generator().manual_seed(0)
     b, t, n, p, r, lora, v = 2, 40, 4, 128, 64, 512, 128
@@ -356,7 +356,7 @@ def test_fused_naive_attention_padded_v_matches_float64(dtype, tol, kind):
 
 
 def test_is_causal_only_for_the_exact_square_lower_triangle():
-    from mlaq.model.mla_core import is_causal
+    from mlaq.model.layers.mla_core import is_causal
 
     tri = torch.ones(5, 5, dtype=torch.bool).tril()[None]
     assert is_causal(tri) and not is_causal(None)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from mlaq.bmm import get_scheme
-from mlaq.model import mla_core, mla_latent
-from mlaq.model.mla_core import AbsorbedWeights, Precision, absorbed_attention
-from mlaq.model.mla_latent import QUERY_BLOCK, latent_attention_blocked, masked_softmax
+from mlaq.model.layers import mla_core, mla_latent
+from mlaq.model.layers.mla_core import AbsorbedWeights, Precision, absorbed_attention
+from mlaq.model.layers.mla_latent import QUERY_BLOCK, latent_attention_blocked, masked_softmax
 
 N, P, R, L, V = 4, 32, 16, 64, 32
 
@@ -180,7 +180,7 @@ def test_keys_held_in_float32_take_the_float32_gemm(monkeypatch):
 
 
 def test_attend_takes_float32_held_keys_on_the_absorbed_path_only():
-    from mlaq.model.mla import AttnPath, MLAConfig, MLAttention
+    from mlaq.model.layers.mla import AttnPath, MLAConfig, MLAttention
 
     cfg = MLAConfig(
         hidden_size=32, num_heads=N, q_lora_rank=None, kv_lora_rank=L, qk_nope_head_dim=P,

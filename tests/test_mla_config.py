@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaq.model.mla_config import MLAConfig
-from mlaq.model.rope import RopeLayout, YarnScaling
+from mlaq.model.layers.mla_config import MLAConfig
+from mlaq.model.layers.rope import RopeLayout, YarnScaling
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 

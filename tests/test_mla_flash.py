@@ -1,4 +1,4 @@
-"""mlaq.model.mla_flash: the absorbed path with torch's fused attention kernel, against the reference
+"""mlaq.model.layers.mla_flash: the absorbed path with torch's fused attention kernel, against the reference
 ``absorbed_attention`` (same BMMs, the attention arithmetic of FlashAttention instead of mlaq's)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mlaq.bmm import get_scheme
-from mlaq.model.mla_core import AbsorbedWeights, Precision, absorbed_attention
-from mlaq.model.mla_flash import absorbed_attention_flash
+from mlaq.model.layers.mla_core import AbsorbedWeights, Precision, absorbed_attention
+from mlaq.model.layers.mla_flash import absorbed_attention_flash
 
 N, P, R, L, V = 4, 16, 8, 64, 16
 

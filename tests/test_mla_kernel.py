@@ -1,4 +1,4 @@
-"""mlaq.model.mla_kernel: mlaq's C kernel for the absorbed decode attention, against a float64 oracle
+"""mlaq.model.kernels.mla_kernel: mlaq's C kernel for the absorbed decode attention, against a float64 oracle
 (the exact softmax attention), torch's fused kernel, and itself (threads, dtypes, masks, shapes)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mlaq.engine.compiled import _attention_kernel
-from mlaq.model.mla_flash import flash_attend
-from mlaq.model.mla_kernel import KernelUnavailable, MlaKernel, load_kernel
+from mlaq.model.kernels.mla_kernel import KernelUnavailable, MlaKernel, load_kernel
+from mlaq.model.layers.mla_flash import flash_attend
 
 D, DV = 96, 64  # key width L+R and value width L (multiples of the kernel's 16 lanes)
 
@@ -196,7 +196,7 @@ def test_prefill_takes_strided_operands_and_bf16(kernel):
 def test_the_naive_path_prefills_in_it_when_given(kernel):
     """``MLAttention.prefill_kernel``: a prompt's causal attention through mlaq's kernel agrees with
     torch's flash kernel to a bf16 rounding."""
-    from mlaq.model.mla_core import naive_attention
+    from mlaq.model.layers.mla_core import naive_attention
 
     g = torch.Generator().manual_seed(5)
     n, p, r, lora, v, t = 4, 32, 16, 64, 32, 40

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from mlaq.bmm import get_scheme
-from mlaq.model.mla_core import AbsorbedWeights, Precision
-from mlaq.model.mla_flash import flash_output, flash_queries
-from mlaq.model.mla_kernel import BMM_COLS, MlaKernel, load_kernel
+from mlaq.model.kernels.mla_kernel import BMM_COLS, MlaKernel, load_kernel
+from mlaq.model.layers.mla_core import AbsorbedWeights, Precision
+from mlaq.model.layers.mla_flash import flash_output, flash_queries
 
 
 @pytest.fixture(scope="module")

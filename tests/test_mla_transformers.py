@@ -17,8 +17,8 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3
 from transformers.models.glm4_moe_lite import modeling_glm4_moe_lite as glm_lite
 from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm_dsa
 
-from mlaq.model.mla import AttnPath, MLAttention
-from mlaq.model.mla_config import MLAConfig
+from mlaq.model.layers.mla import AttnPath, MLAttention
+from mlaq.model.layers.mla_config import MLAConfig
 
 YARN = {
     "type": "yarn",

@@ -8,9 +8,9 @@ import math
 import torch
 
 from mlaq.model.config import IndexerConfig
-from mlaq.model.dsa import Indexer
+from mlaq.model.layers.dsa import Indexer
+from mlaq.model.layers.rope import Rope
 from mlaq.model.registry import IndexerKind
-from mlaq.model.rope import Rope
 
 
 def _indexer(topk: int = 3, interleave: bool = True) -> Indexer:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mlaq.model.config import MoEConfig
-from mlaq.model.moe import MoE, route
+from mlaq.model.layers.moe import MoE, route
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
 
@@ -122,7 +122,7 @@ def test_moe_block_is_the_weighted_sum_of_chosen_experts():
 def test_small_batch_path_equals_the_grouped_path(tokens, monkeypatch):
     """Decode-sized batches run experts token by token; the result equals grouping tokens by expert
     (bit for bit for one token: same matmuls, same summation order)."""
-    import mlaq.model.moe as moe_module
+    import mlaq.model.layers.moe as moe_module
 
     cfg = _cfg(ScoringFunc.SIGMOID, TopkMethod.NOAUX_TC, 4, 2)
     torch.manual_seed(2)
@@ -169,7 +169,7 @@ def test_stacked_experts_give_the_per_expert_results(dtype, tokens):
 def test_stacked_experts_are_views_and_stand_aside_when_replaced(monkeypatch):
     """No second copy of the experts: their parameters are views of the stacked tensors (state_dict
     included). A parameter replaced afterwards is not, and the stacked path is not taken."""
-    import mlaq.model.moe as moe_module
+    import mlaq.model.layers.moe as moe_module
 
     moe = _stackable_moe(torch.float32)
     x = torch.randn(6, 16)

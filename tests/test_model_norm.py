@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlaq.model.norm import RMSNorm
+from mlaq.model.layers.norm import RMSNorm
 
 
 def formula(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

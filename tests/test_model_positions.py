@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mlaq.model import ModelCache, load_model
-from mlaq.model.rope import Rope, RopeTable, YarnScaling
+from mlaq.model.layers.rope import Rope, RopeTable, YarnScaling
 from mlaq.settings import Settings
 from model_helpers import add_mtp_layer, hf_checkpoint
 
@@ -105,8 +105,8 @@ def test_logits_index_keeps_one_position_per_row(model):
 def test_step_causal_flag_is_the_square_lower_triangle(starts, t):
     """StepPositions.causal (the naive path then skips comparing the mask) holds exactly when the
     mask is the square causal mask is_causal recognises."""
-    from mlaq.model import mla_core
-    from mlaq.model.step import step_positions
+    from mlaq.model.layers import mla_core
+    from mlaq.model.layers.step import step_positions
 
     step = step_positions(starts, t, RopeTable(Rope(8, 10000.0)))
     assert step.causal == mla_core.is_causal(step.mask)
@@ -114,7 +114,7 @@ def test_step_causal_flag_is_the_square_lower_triangle(starts, t):
 
 
 def test_prefill_passes_the_causal_flag_instead_of_checking_the_mask(model, monkeypatch):
-    from mlaq.model import mla_core
+    from mlaq.model.layers import mla_core
 
     ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     want = model.prefill(ids, ModelCache()).logits

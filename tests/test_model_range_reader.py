@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from mlaq.model.range_reader import RangeCheckpoint, ShardMissingError
+from mlaq.model.loading.range_reader import RangeCheckpoint, ShardMissingError
 from model_helpers import write_tensors
 
 
@@ -74,13 +74,13 @@ def test_layer_source_holds_what_load_model_loads(tmp_path, monkeypatch, slab) -
     """Every streamed layer (routed experts one by one), the final norm and the head hold exactly the
     loaded model's values, on an FP8-block checkpoint (dequantized as the loader does; slab=1: one
     128-row block row at a time)."""
-    import mlaq.model.layer_source as layer_source
+    import mlaq.model.loading.layer_source as layer_source
 
     monkeypatch.setattr(layer_source, "SLAB_ELEMENTS", slab)
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
     from mlaq.model import load_model
-    from mlaq.model.layer_source import EXPERTS, LayerSource
+    from mlaq.model.loading.layer_source import EXPERTS, LayerSource
     from mlaq.settings import Settings
     from quant_helpers import quantize_checkpoint
     from validate_helpers import tiny_checkpoint

@@ -20,8 +20,8 @@ PROBE = """
 import ctypes, gc, os, sys, torch
 import torch.nn.functional as F
 from mlaq.bundled import bundled_model_dir
-from mlaq.model.linear import native_low_precision_gemm
-from mlaq.model.loader import load_model
+from mlaq.model.layers.linear import native_low_precision_gemm
+from mlaq.model.loading.loader import load_model
 
 torch.set_num_threads(1)
 model = load_model(bundled_model_dir(), dtype=torch.bfloat16)  # caps the caches before its first GEMM

@@ -7,7 +7,7 @@ import torch
 
 from mlaq.cli import build_parser
 from mlaq.cli.validate import config_from_args
-from mlaq.model.loader import load_model
+from mlaq.model.loading.loader import load_model
 from mlaq.settings import Engine, Platform, Settings, VllmRocmEnv
 from model_helpers import hf_checkpoint
 

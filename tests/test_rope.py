@@ -15,7 +15,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     apply_rotary_pos_emb_interleave,
 )
 
-from mlaq.model.rope import (
+from mlaq.model.layers.rope import (
     Rope,
     RopeLayout,
     YarnScaling,

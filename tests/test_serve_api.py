@@ -151,7 +151,7 @@ def test_chat_equals_llm_chat_and_streams_the_same(client, llm):
 
 def test_echo_logprobs_equal_the_teacher_forced_log_softmax(client, server, ckpt, llm):
     from mlaq.model import AttnPath, load_model
-    from mlaq.model.cache import ModelCache
+    from mlaq.model.layers.cache import ModelCache
 
     text = "the cat sat on the mat"
     ids = llm.tokenizer.encode(text)

@@ -74,7 +74,7 @@ def test_default_has_deepseek_v3s_real_mla_geometry_and_a_4k_context() -> None:
 
 def test_default_rope_is_plain_or_deepseek_yarn() -> None:
     """A YaRN extension (as DeepSeek-V3 reached 128K) must be one mlaq reads, and reach the context."""
-    from mlaq.model.mla_config import MLAConfig
+    from mlaq.model.layers.mla_config import MLAConfig
 
     c = _config(DEFAULT)
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}

@@ -204,7 +204,7 @@ def test_shard_missing_mid_run_leaves_the_previous_report(checkpoint, tmp_path, 
     out = tmp_path / "r"
     assert _cli(ckpt, out) == 0
     before = (out / "report.json").read_bytes()
-    from mlaq.model.layer_source import LayerSource
+    from mlaq.model.loading.layer_source import LayerSource
 
     real = LayerSource.layer
 
@@ -226,7 +226,7 @@ def test_ctrl_c_is_a_clean_stop(checkpoint, tmp_path, monkeypatch, capsys) -> No
     out = tmp_path / "r"
     assert _cli(checkpoint, out) == 0
     before = (out / "report.json").read_bytes()
-    from mlaq.model.layer_source import LayerSource
+    from mlaq.model.loading.layer_source import LayerSource
 
     def interrupted(self, index, dtypes):
         raise KeyboardInterrupt

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlaq.audit.source import RangeCheckpoint
-from mlaq.model.weights import CheckpointQuant as LoaderQuant
+from mlaq.model.loading.weights import CheckpointQuant as LoaderQuant
 from mlaq.policy import CheckpointQuant, MlaModel
 from mlaq.policy.model_config import layer_ranges, text_config
 
-# stored formats whose bytes the loader decodes (mlaq.model.weights); others: one clear error
+# stored formats whose bytes the loader decodes (mlaq.model.loading.weights); others: one clear error
 READABLE = ("bf16", "fp16", "fp32", "fp8_per_block", "fp8_per_tensor", "fp8_per_channel", "mxfp4")
 
 

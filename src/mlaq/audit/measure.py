@@ -42,7 +42,7 @@ from mlaq.bmm.theory import theory_for
 from mlaq.formats import MxElem, ScaleRule, quantize_fp8
 from mlaq.formats.blocks import resolve_block
 from mlaq.formats.scale_rules import E8M0_BIAS, E8M0_NAN, e8m0_decode, e8m0_scale_exponent
-from mlaq.model.weights import CheckpointWeight, WeightFormat
+from mlaq.model.loading.weights import CheckpointWeight, WeightFormat
 
 _AITER_FP8 = (Fp8PerTensor, Fp8PerHead, Fp8PerChannel)
 _MX = (Mxfp4, Mxfp4W4A16, Mxfp8)

@@ -3,7 +3,7 @@
 Per layer: the stored weight is decoded by the loader's own reader and dequantized exactly (an FP8
 checkpoint with its scales, as an engine does before re-quantizing), split into W_UK (N, P, L) and
 W_UV^T (N, L, V), and each scheme's weights are built exactly as ``load_model`` builds them under
-``--quantization-config '{"targets": {"re:.*kv_b_proj": SCHEME}}'`` (``mlaq.model.kv_b.prepare_absorbed``,
+``--quantization-config '{"targets": {"re:.*kv_b_proj": SCHEME}}'`` (``mlaq.model.loading.kv_b.prepare_absorbed``,
 so a scheme that runs the checkpoint's own data costs nothing). The figures: ``mlaq.audit.measure``
 (in place, in per-worker buffers), bit for bit those ``mlaq.audit.stats`` states plainly. The result is
 one JSON-ready record; report.md, report.json, the PNG and the terminal table all read only that record.
@@ -27,9 +27,9 @@ from mlaq.audit.source import RangeCheckpoint
 from mlaq.bmm import get_scheme, scheme_names, split_kv_b_proj
 from mlaq.bmm.mx import MX_BLOCK
 from mlaq.bmm.theory import theory_for
-from mlaq.model.checkpoint import check_finite
-from mlaq.model.kv_b import check_stored, prepare_absorbed
-from mlaq.model.weights import WeightFormat, read_linear
+from mlaq.model.loading.checkpoint import check_finite
+from mlaq.model.loading.kv_b import check_stored, prepare_absorbed
+from mlaq.model.loading.weights import WeightFormat, read_linear
 from mlaq.policy import PolicyResult, checkpoint_quant, decide, mla_model, parse_explicit, read_checkpoint_dir
 from mlaq.policy.explicit import load_explicit
 from mlaq.progress import NullProgress, Progress

@@ -1,7 +1,7 @@
 """A checkpoint directory seen through its index: tensor name -> shard, tensors read by exact byte range.
 
 :class:`RangeCheckpoint` answers the ``has`` / ``get`` / ``where`` questions the loader's
-``mlaq.model.weights.read_linear`` asks, so the audit decodes kv_b_proj and its scales with the loader's
+``mlaq.model.loading.weights.read_linear`` asks, so the audit decodes kv_b_proj and its scales with the loader's
 own format detection and checks, but reads a shard only when one of its tensors is asked for, and then
 only that shard's header and that tensor's bytes. Shards that hold no kv_b_proj need not even exist.
 """
@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from mlaq.audit.reader import RangeReader, TensorSpan
-from mlaq.model.checkpoint import INDEX_FILE, SINGLE_FILE
+from mlaq.model.loading.checkpoint import INDEX_FILE, SINGLE_FILE
 
 
 class RangeCheckpoint:

@@ -11,7 +11,7 @@ Read from the sglang 0.5.23 wheel:
   ``cast(clamp(x.float() * s, ±fp_max))``, dequant scale ``reciprocal(s)`` (fp32). ``fp_max`` is 448
   for e4m3fn and SGLang's own 224 for e4m3fnuz (sglang/kernels/ops/quantization/fp8_kernel.py).
   ``prepare`` on one (N, K, M) weight applies it to that weight alone; the loader
-  (``mlaq.model.kv_b``) quantizes the whole kv_b_proj with :func:`sglang_input_to_float8` instead.
+  (``mlaq.model.loading.kv_b``) quantizes the whole kv_b_proj with :func:`sglang_input_to_float8` instead.
 * ``fp8_per_tensor_sglang[_fnuz]``: AITER's Triton a8w8 BMM, the kernel vLLM's AITER FP8 BMM uses
   (forward_mla_rocm.py ``rocm_absorb_q_bmm`` / ``rocm_absorb_v_bmm``: gfx950 with SGLANG_USE_AITER=1;
   on gfx942 only W_UK's BMM, and only inside CUDA graphs): activations per token per 128 along K.

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from mlaq.bundled import model_or_default
-    from mlaq.model.kv_b_check import check_kv_b_weights, not_checked_note
+    from mlaq.model.loading.kv_b_check import check_kv_b_weights, not_checked_note
     from mlaq.policy.explain import explain
     from mlaq.settings import Settings
 

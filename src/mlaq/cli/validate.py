@@ -145,7 +145,7 @@ def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported l
     from pathlib import Path
 
     from mlaq.bundled import bundled_model_dir
-    from mlaq.model.checkpoint import check_weight_files
+    from mlaq.model.loading.checkpoint import check_weight_files
     from mlaq.policy.local_dir import require_local_dir
     from mlaq.settings import Settings
     from mlaq.validate.config import ValidateConfig, default_eval_text

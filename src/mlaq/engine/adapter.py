@@ -17,7 +17,7 @@ from torch import Tensor
 from mlaq.engine.model_api import CacheGeometry, LatentLM, LMOutput
 from mlaq.engine.tokenizer import Tokenizer
 from mlaq.model import AttnPath, DeepseekForCausalLM, load_model
-from mlaq.model.step import StepPositions
+from mlaq.model.layers.step import StepPositions
 
 
 class DeepseekLatentLM:

@@ -2,13 +2,13 @@
 
 Eager decode is bound by per-op dispatch (hundreds of small tensor ops a step at a few microseconds
 each on these model sizes). A step is cut at each layer's attention over the cache
-(:class:`mlaq.model.step_pieces.StepPieces`): the pieces in between (norms, projections, RoPE,
+(:class:`mlaq.model.layers.step_pieces.StepPieces`): the pieces in between (norms, projections, RoPE,
 the absorbed BMMs, o_proj, MLP / MoE, lm_head) run compiled, inductor fusing them into a few C++
 kernels around the GEMMs; the attention itself runs eagerly between them: each layer writes its new
 latents into the runner's resident buffer (``mlaq.engine.resident``, held in the compute dtype here)
 and attends over it in place, the cache read once with an online softmax as FlashMLA computes, in
-mlaq's own C kernel (``mlaq.model.mla_kernel``, ``attention="mlaq"``; about twice torch's speed at
-batch 32) or torch's fused CPU attention kernel (``mlaq.model.mla_flash``, ``attention="torch"``).
+mlaq's own C kernel (``mlaq.model.kernels.mla_kernel``, ``attention="mlaq"``; about twice torch's speed at
+batch 32) or torch's fused CPU attention kernel (``mlaq.model.layers.mla_flash``, ``attention="torch"``).
 The absorbed BMMs keep their scheme's exact emulation, whatever the scheme: the ``bf16`` scheme's in
 mlaq's kernel beside the attention (``MlaKernel.absorb`` / ``.up``: the bf16 weights, a quarter of the
 bytes of the float64 copy inductor would read), inside the pieces for the other schemes inductor reproduces
@@ -50,10 +50,10 @@ from mlaq.engine.adapter import DeepseekLatentLM, GatheredCache
 from mlaq.engine.compile_regions import Settings, compiled_region
 from mlaq.engine.model_api import LMOutput
 from mlaq.model import DeepseekForCausalLM
-from mlaq.model.mla_flash import flash_attend, flash_output, flash_queries
-from mlaq.model.mla_kernel import BMM_COLS, KernelUnavailable, MlaKernel, load_kernel
-from mlaq.model.step import StepPositions
-from mlaq.model.step_pieces import Projected, StepPieces
+from mlaq.model.kernels.mla_kernel import BMM_COLS, KernelUnavailable, MlaKernel, load_kernel
+from mlaq.model.layers.mla_flash import flash_attend, flash_output, flash_queries
+from mlaq.model.layers.step import StepPositions
+from mlaq.model.layers.step_pieces import Projected, StepPieces
 
 ATTENTION_CHOICES = ("auto", "mlaq", "torch")
 LOGGER = logging.getLogger("mlaq.engine")
@@ -76,7 +76,7 @@ class CompiledLatentLM(DeepseekLatentLM):
         """``backend``: torch.compile's (tests use "aot_eager": the same graphs, no C++ build).
         ``fold_bmms=False``: the absorbed BMMs run eagerly beside the attention whatever the scheme
         (``bench/compiled_ab.py --against unfolded``). ``attention``: the kernel over the cache,
-        "mlaq" (``mlaq.model.mla_kernel``; an error where it cannot be built), "torch" (torch's fused
+        "mlaq" (``mlaq.model.kernels.mla_kernel``; an error where it cannot be built), "torch" (torch's fused
         kernel) or "auto" (mlaq's where it builds, else torch's, with a warning saying why).
         ``fuse_linears=False``: no stacked q_a / kv_a and gate / up GEMMs (``StepPieces``; A/B)."""
         super().__init__(model)

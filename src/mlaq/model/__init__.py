@@ -11,12 +11,12 @@ Public API::
     out = model.decode(ids, cache, positions=pos)  # per-row positions (B, T): rows of different lengths
 """
 
-from mlaq.model.cache import LayerCache, ModelCache
 from mlaq.model.config import IndexerConfig, ModelConfig, MoEConfig
-from mlaq.model.deepseek import CausalLMOutput, DeepseekForCausalLM
-from mlaq.model.loader import load_model
-from mlaq.model.mla import AttnPath
-from mlaq.model.mla_core import Precision
+from mlaq.model.layers.cache import LayerCache, ModelCache
+from mlaq.model.layers.deepseek import CausalLMOutput, DeepseekForCausalLM
+from mlaq.model.layers.mla import AttnPath
+from mlaq.model.layers.mla_core import Precision
+from mlaq.model.loading.loader import load_model
 from mlaq.model.registry import supported_model_types
 
 __all__ = [

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
 from mlaq.model import AttnPath, DeepseekForCausalLM, ModelCache
-from mlaq.model.mla_core import assemble_keys, attention_mask
+from mlaq.model.layers.mla_core import assemble_keys, attention_mask
 
 
 @dataclass

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mlaq.model.mla import MLAttention
-from mlaq.model.mla_core import (
+from mlaq.model.layers.mla import MLAttention
+from mlaq.model.layers.mla_core import (
     AbsorbedWeights,
     absorbed_scores,
     assemble_keys,
     attention_mask,
 )
-from mlaq.model.mla_latent import masked_softmax_
+from mlaq.model.layers.mla_latent import masked_softmax_
 from mlaq.validate.capture import LayerInput
 from mlaq.validate.metrics import BucketSums
 

@@ -25,7 +25,7 @@ from mlaq.bmm.theory import (  # noqa: F401  (re-exported for validate's callers
     excess_kurtosis,
     theory_for,
 )
-from mlaq.model.mla_core import AbsorbedWeights
+from mlaq.model.layers.mla_core import AbsorbedWeights
 from mlaq.validate.capture import LayerInput
 from mlaq.validate.metrics import relative_error
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from mlaq.model import ModelCache
-from mlaq.model.mla import AttnPath
-from mlaq.model.mla_core import AbsorbedWeights
+from mlaq.model.layers.mla import AttnPath
+from mlaq.model.layers.mla_core import AbsorbedWeights
 from mlaq.validate.capture import (
     LayerInput,
     ProjectedInput,

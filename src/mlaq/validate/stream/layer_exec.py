@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mlaq.model.decoder import DecoderLayer
-from mlaq.model.mla import AttnPath, attention_mask
-from mlaq.model.moe import MoE
+from mlaq.model.layers.decoder import DecoderLayer
+from mlaq.model.layers.mla import AttnPath, attention_mask
+from mlaq.model.layers.moe import MoE
+from mlaq.model.layers.step import StepPositions
 from mlaq.model.registry import IndexerKind
-from mlaq.model.step import StepPositions
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mlaq.model.layer_source import LayerSource
-from mlaq.model.mtp import MTPLayer
-from mlaq.model.rope import RopeTable
-from mlaq.model.step import step_positions
+from mlaq.model.layers.mtp import MTPLayer
+from mlaq.model.layers.rope import RopeTable
+from mlaq.model.layers.step import step_positions
+from mlaq.model.loading.layer_source import LayerSource
 from mlaq.validate.stream.streams import Stream, attention_stage
 
 

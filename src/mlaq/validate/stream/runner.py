@@ -22,11 +22,11 @@ from torch import Tensor
 
 from mlaq.engine.tokenizer import Tokenizer
 from mlaq.libc import return_freed_memory
-from mlaq.model.kv_b import apply_decision
-from mlaq.model.layer_source import LayerSource, StreamedLayer
-from mlaq.model.mla_core import AbsorbedWeights
-from mlaq.model.rope import RopeTable
-from mlaq.model.step import step_positions
+from mlaq.model.layers.mla_core import AbsorbedWeights
+from mlaq.model.layers.rope import RopeTable
+from mlaq.model.layers.step import step_positions
+from mlaq.model.loading.kv_b import apply_decision
+from mlaq.model.loading.layer_source import LayerSource, StreamedLayer
 from mlaq.policy import decide_from_dir
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
 from mlaq.validate.metrics import Buckets

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mlaq.model.layer_source import SLAB_ELEMENTS, LayerSource
-from mlaq.model.weights import DENSE_DTYPES
+from mlaq.model.loading.layer_source import SLAB_ELEMENTS, LayerSource
+from mlaq.model.loading.weights import DENSE_DTYPES
 from mlaq.validate.config import Variant
 from mlaq.validate.stream.budget import Shape, held_bytes
 

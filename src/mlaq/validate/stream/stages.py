@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mlaq.model.layer_source import LayerSource
-from mlaq.model.linear import linear
+from mlaq.model.layers.linear import linear
+from mlaq.model.loading.layer_source import LayerSource
 from mlaq.validate.metrics import divergence
 from mlaq.validate.stream.layer_exec import moe_groups
 from mlaq.validate.stream.streams import Stream

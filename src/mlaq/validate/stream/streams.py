@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mlaq.model.decoder import DecoderLayer
-from mlaq.model.mla import MLAttention
-from mlaq.model.mla_core import AbsorbedWeights
-from mlaq.model.step import StepPositions
+from mlaq.model.layers.decoder import DecoderLayer
+from mlaq.model.layers.mla import MLAttention
+from mlaq.model.layers.mla_core import AbsorbedWeights
+from mlaq.model.layers.step import StepPositions
 from mlaq.validate.capture import LayerInput, _Recording
 from mlaq.validate.config import Variant
 from mlaq.validate.flips import add_flips, compare, reference_rows, sample_rows

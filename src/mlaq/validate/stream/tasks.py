@@ -21,12 +21,12 @@ import torch
 from torch import Tensor
 
 from mlaq.model import Precision
-from mlaq.model.decoder import DecoderLayer
-from mlaq.model.linear import linear
-from mlaq.model.mla import AttnPath
-from mlaq.model.mla_core import AbsorbedWeights
-from mlaq.model.rope import RopeTable
-from mlaq.model.step import StepPositions, step_positions
+from mlaq.model.layers.decoder import DecoderLayer
+from mlaq.model.layers.linear import linear
+from mlaq.model.layers.mla import AttnPath
+from mlaq.model.layers.mla_core import AbsorbedWeights
+from mlaq.model.layers.rope import RopeTable
+from mlaq.model.layers.step import StepPositions, step_positions
 from mlaq.validate.config import Variant, VariantKind
 from mlaq.validate.stream.layer_exec import AttentionResult, attention
 from mlaq.validate.tasks.generators import TaskSample

@@ -9,16 +9,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mlaq.model.cache import LatentCache
 from mlaq.model.config import ModelConfig
-from mlaq.model.dsa import Indexer
-from mlaq.model.mla import AttnPath, MLAttention
-from mlaq.model.mla_config import MLAConfig
-from mlaq.model.moe import DenseMLP, MoE
-from mlaq.model.norm import RMSNorm
+from mlaq.model.layers.cache import LatentCache
+from mlaq.model.layers.dsa import Indexer
+from mlaq.model.layers.mla import AttnPath, MLAttention
+from mlaq.model.layers.mla_config import MLAConfig
+from mlaq.model.layers.moe import DenseMLP, MoE
+from mlaq.model.layers.norm import RMSNorm
+from mlaq.model.layers.rope import RopeTable
+from mlaq.model.layers.step import StepPositions, from_positions
 from mlaq.model.registry import IndexerKind, MlpKind
-from mlaq.model.rope import RopeTable
-from mlaq.model.step import StepPositions, from_positions
 
 
 class DecoderLayer(nn.Module):

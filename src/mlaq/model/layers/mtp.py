@@ -16,14 +16,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mlaq.model.cache import LatentCache
 from mlaq.model.config import ModelConfig
-from mlaq.model.decoder import DecoderLayer
-from mlaq.model.linear import Linear
-from mlaq.model.mla import AttnPath
-from mlaq.model.mla_config import MLAConfig
-from mlaq.model.norm import RMSNorm
-from mlaq.model.step import StepPositions
+from mlaq.model.layers.cache import LatentCache
+from mlaq.model.layers.decoder import DecoderLayer
+from mlaq.model.layers.linear import Linear
+from mlaq.model.layers.mla import AttnPath
+from mlaq.model.layers.mla_config import MLAConfig
+from mlaq.model.layers.norm import RMSNorm
+from mlaq.model.layers.step import StepPositions
 
 
 class SharedHead(nn.Module):

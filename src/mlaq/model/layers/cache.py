@@ -17,7 +17,7 @@ from typing import Protocol
 
 from torch import Tensor
 
-from mlaq.model.step import StepPositions
+from mlaq.model.layers.step import StepPositions
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlaq.model.config import MoEConfig
-from mlaq.model.linear import Linear, fuse_rows, linear, upcast_gemm
+from mlaq.model.layers.linear import Linear, fuse_rows, linear, upcast_gemm
 from mlaq.model.registry import ScoringFunc, TopkMethod
 
 # Up to this many tokens, routed experts run token by token (k small matmuls each, no gather/scatter

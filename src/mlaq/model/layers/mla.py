@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from mlaq.bmm.base import BmmScheme, PreparedWeight
 from mlaq.bmm.kv_b import split_kv_b_proj
 from mlaq.bmm.registry import get_scheme
-from mlaq.model.linear import Linear, linear
-from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mla_core import (
+from mlaq.model.layers.linear import Linear, linear
+from mlaq.model.layers.mla_config import MLAConfig
+from mlaq.model.layers.mla_core import (
     AbsorbedWeights,
     Precision,
     absorbed_attention,
@@ -38,11 +38,11 @@ from mlaq.model.mla_core import (
     attention_mask,
     naive_attention,
 )
-from mlaq.model.norm import RMSNorm
-from mlaq.model.rope import expand_cos_sin, rotate
+from mlaq.model.layers.norm import RMSNorm
+from mlaq.model.layers.rope import expand_cos_sin, rotate
 
 if TYPE_CHECKING:
-    from mlaq.model.mla_kernel import MlaKernel
+    from mlaq.model.kernels.mla_kernel import MlaKernel
 
 __all__ = [
     "AbsorbedWeights",

@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mlaq.model.decoder import DecoderLayer
-from mlaq.model.deepseek import DeepseekForCausalLM
-from mlaq.model.linear import fuse_rows, linear
-from mlaq.model.mla_core import AbsorbedWeights
-from mlaq.model.mla_flash import flash_output, flash_queries
-from mlaq.model.moe import DenseMLP, MoE
-from mlaq.model.mtp import MTPLayer, select_rows
+from mlaq.model.layers.decoder import DecoderLayer
+from mlaq.model.layers.deepseek import DeepseekForCausalLM
+from mlaq.model.layers.linear import fuse_rows, linear
+from mlaq.model.layers.mla_core import AbsorbedWeights
+from mlaq.model.layers.mla_flash import flash_output, flash_queries
+from mlaq.model.layers.moe import DenseMLP, MoE
+from mlaq.model.layers.mtp import MTPLayer, select_rows
 
 # A layer's input to its attention: (x (B, T, H) the residual stream entering the layer, q the
 # queries, latent (B, T, L+R) the new cache entries). q is mla_flash's folded form (B, 1, N*T, L+R)

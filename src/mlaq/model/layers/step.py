@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mlaq.model.rope import RopeTable
+from mlaq.model.layers.rope import RopeTable
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class StepPositions:
     positions: Tensor  # (B, T) int64
     starts: tuple[int, ...]  # (B,) positions[:, 0], as Python ints (no sync per layer)
     num_keys: int  # K = max position + 1
-    cos: Tensor  # (B, T, R) float32, per channel (mlaq.model.rope.rotate)
+    cos: Tensor  # (B, T, R) float32, per channel (mlaq.model.layers.rope.rotate)
     sin: Tensor  # (B, T, R) float32, per channel and signed
     mask: Tensor | None  # (B, T, K) bool causal mask; None when every query sees all K keys
     causal: bool = False  # mask is exactly the square top-left causal mask (every row starts at 0, T > 1)

@@ -1,5 +1,5 @@
 """MLA's math as pure functions: key assembly, masks, naive and absorbed attention (the softmax, the
-value matmul and blocked attention over the latent cache: ``mlaq.model.mla_latent``).
+value matmul and blocked attention over the latent cache: ``mlaq.model.layers.mla_latent``).
 
 Letters in shapes and einsum strings: b batch, t query token (T), s key position (S), n head (N),
 p qk_nope_head_dim (P), r qk_rope_head_dim (R), l kv_lora_rank (L), v v_head_dim (V), c = L + R.
@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
-from mlaq.model.linear import linear
-from mlaq.model.mla_latent import (
+from mlaq.model.layers.linear import linear
+from mlaq.model.layers.mla_latent import (
     latent_attention_blocked,
     latent_values,
     masked_softmax,
@@ -29,7 +29,7 @@ from mlaq.model.mla_latent import (
 )
 
 if TYPE_CHECKING:
-    from mlaq.model.mla_kernel import MlaKernel
+    from mlaq.model.kernels.mla_kernel import MlaKernel
 
 
 class Precision(Enum):

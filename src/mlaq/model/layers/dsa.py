@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlaq.model.config import IndexerConfig
-from mlaq.model.rope import Rope, RopeLayout
+from mlaq.model.layers.rope import Rope, RopeLayout
 
 
 class Indexer(nn.Module):

@@ -16,13 +16,13 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
-from mlaq.model.checkpoint import SafetensorsCheckpoint, check_finite
 from mlaq.model.config import ModelConfig
-from mlaq.model.deepseek import DeepseekForCausalLM
-from mlaq.model.kv_b import apply_decision
-from mlaq.model.mla_core import Precision
-from mlaq.model.moe import MoE
-from mlaq.model.weights import CheckpointQuant, CheckpointWeight, read_linear, read_tensor
+from mlaq.model.layers.deepseek import DeepseekForCausalLM
+from mlaq.model.layers.mla_core import Precision
+from mlaq.model.layers.moe import MoE
+from mlaq.model.loading.checkpoint import SafetensorsCheckpoint, check_finite
+from mlaq.model.loading.kv_b import apply_decision
+from mlaq.model.loading.weights import CheckpointQuant, CheckpointWeight, read_linear, read_tensor
 from mlaq.policy import ExplicitConfig, decide_from_dir
 from mlaq.settings import Settings, bound_onednn_caches
 

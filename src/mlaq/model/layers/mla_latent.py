@@ -1,6 +1,6 @@
 """The softmax and the value matmul over MLA's latent cache, whole or in blocks of queries.
 
-The reference attention arithmetic (``mlaq.model.mla_core``): scores in float32, softmax in float32 over
+The reference attention arithmetic (``mlaq.model.layers.mla_core``): scores in float32, softmax in float32 over
 the visible keys, probabilities rounded to the compute dtype, then o_latent = probs @ c_kv, rounded
 to the compute dtype. Shapes: b batch, n head, t query token, k key, l kv_lora_rank.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mlaq.model.linear import native_low_precision_gemm
+from mlaq.model.layers.linear import native_low_precision_gemm
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from mlaq.formats import Fp8Tensor, MxTensor
-from mlaq.model.checkpoint import SafetensorsCheckpoint, check_finite
+from mlaq.model.loading.checkpoint import SafetensorsCheckpoint, check_finite
 
 DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

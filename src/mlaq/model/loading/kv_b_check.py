@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from mlaq.model.checkpoint import SafetensorsCheckpoint
 from mlaq.model.config import ModelConfig
-from mlaq.model.weights import CheckpointQuant, read_linear
+from mlaq.model.loading.checkpoint import SafetensorsCheckpoint
+from mlaq.model.loading.weights import CheckpointQuant, read_linear
 from mlaq.policy import PolicyResult
 
 

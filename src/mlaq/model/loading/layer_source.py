@@ -20,17 +20,23 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from mlaq.model.checkpoint import check_finite
 from mlaq.model.config import ModelConfig
-from mlaq.model.decoder import DecoderLayer
-from mlaq.model.loader import _FP32_PARAMS, _mtp_layers_present
-from mlaq.model.mla_config import MLAConfig
-from mlaq.model.moe import DenseMLP
-from mlaq.model.mtp import MTPLayer
-from mlaq.model.norm import RMSNorm
-from mlaq.model.range_reader import RangeCheckpoint
+from mlaq.model.layers.decoder import DecoderLayer
+from mlaq.model.layers.mla_config import MLAConfig
+from mlaq.model.layers.moe import DenseMLP
+from mlaq.model.layers.mtp import MTPLayer
+from mlaq.model.layers.norm import RMSNorm
+from mlaq.model.loading.checkpoint import check_finite
+from mlaq.model.loading.loader import _FP32_PARAMS, _mtp_layers_present
+from mlaq.model.loading.range_reader import RangeCheckpoint
+from mlaq.model.loading.weights import (
+    CheckpointQuant,
+    CheckpointWeight,
+    WeightFormat,
+    read_linear,
+    read_tensor,
+)
 from mlaq.model.registry import MlpKind
-from mlaq.model.weights import CheckpointQuant, CheckpointWeight, WeightFormat, read_linear, read_tensor
 
 LOGGER = logging.getLogger("mlaq.model")
 EXPERTS = "mlp.experts."

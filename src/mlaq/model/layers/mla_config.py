@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlaq.model.rope import Rope, RopeLayout, YarnScaling
+from mlaq.model.layers.rope import Rope, RopeLayout, YarnScaling
 
 # transformers' MLA for these model types rotates interleaved pairs unconditionally (no config flag).
 _ALWAYS_INTERLEAVED = ("deepseek_v2", "deepseek_v32", "glm_moe_dsa")

@@ -27,7 +27,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from mlaq.model.checkpoint import SafetensorsCheckpoint
+from mlaq.model.loading.checkpoint import SafetensorsCheckpoint
 
 # safetensors dtype codes -> torch (the ones mlaq's weight formats use, plus the integer kinds)
 DTYPES = MappingProxyType(

@@ -9,7 +9,7 @@ are token ids (B, T); by default row b continues its own cache (ModelCache keeps
 
 ``positions`` (B, T) places rows explicitly (consecutive per row, starting at most at the row's cached
 length: an earlier start overwrites, e.g. after right-padding or rejected drafts); any
-:class:`~mlaq.model.cache.LatentCache` (the engine's paged cache) works then.
+:class:`~mlaq.model.layers.cache.LatentCache` (the engine's paged cache) works then.
 
 Logits are float32 (B, T, vocab); ``hidden`` is the final hidden state after ``model.norm`` (what the
 MTP layer consumes, vLLM's convention).
@@ -23,16 +23,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mlaq.model.cache import LatentCache, ModelCache
 from mlaq.model.config import ModelConfig
-from mlaq.model.decoder import DecoderLayer
-from mlaq.model.linear import Linear
-from mlaq.model.mla import AttnPath
-from mlaq.model.mla_config import MLAConfig
-from mlaq.model.mtp import MTPLayer, select_rows
-from mlaq.model.norm import RMSNorm
-from mlaq.model.rope import RopeTable
-from mlaq.model.step import StepPositions, from_positions, step_positions
+from mlaq.model.layers.cache import LatentCache, ModelCache
+from mlaq.model.layers.decoder import DecoderLayer
+from mlaq.model.layers.linear import Linear
+from mlaq.model.layers.mla import AttnPath
+from mlaq.model.layers.mla_config import MLAConfig
+from mlaq.model.layers.mtp import MTPLayer, select_rows
+from mlaq.model.layers.norm import RMSNorm
+from mlaq.model.layers.rope import RopeTable
+from mlaq.model.layers.step import StepPositions, from_positions, step_positions
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from mlaq.bmm import PreparedWeight, get_scheme
 from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8, split_kv_b_proj_fp8_scaled
 from mlaq.bmm.sglang_fp8 import sglang_kv_b_proj, whole_kv_b
 from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
-from mlaq.model.mla import MLAttention
-from mlaq.model.mla_core import Precision
-from mlaq.model.weights import CheckpointWeight, WeightFormat
+from mlaq.model.layers.mla import MLAttention
+from mlaq.model.layers.mla_core import Precision
+from mlaq.model.loading.weights import CheckpointWeight, WeightFormat
 
 # policy StoredFormat.name -> the on-disk format the loader must have found
 _STORED = MappingProxyType(

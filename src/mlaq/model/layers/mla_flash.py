@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mlaq.model.mla_core import AbsorbedWeights, absorbed_output, absorbed_queries
+from mlaq.model.layers.mla_core import AbsorbedWeights, absorbed_output, absorbed_queries
 
 
 def absorbed_attention_flash(
