@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from mlaq.model.loading.range_reader import RangeCheckpoint, ShardMissingError
+from mlaq.model.loading.range_checkpoint import RangeCheckpoint, ShardMissingError
 from model_helpers import write_tensors
 
 

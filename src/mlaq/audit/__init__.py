@@ -11,11 +11,11 @@ Layering: audit imports formats, bmm, policy and model (the loader's reader and 
 nothing below it imports audit.
 """
 
-from mlaq.audit.reader import RangeReader, TensorSpan
 from mlaq.audit.report import format_table, report_json, report_md, write_report
 from mlaq.audit.run import audit, risk
 from mlaq.audit.source import RangeCheckpoint
 from mlaq.audit.suggest import parse_error, suggest_config
+from mlaq.model.loading.range_reader import RangeReader, TensorSpan
 
 __all__ = [
     "RangeCheckpoint",

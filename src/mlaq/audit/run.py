@@ -22,13 +22,13 @@ import torch
 
 from mlaq.audit.layers import Geometry, audited_layers, check_readable, loader_quant
 from mlaq.audit.measure import Workspace, exact_into, measure, scheme_figures
-from mlaq.audit.reader import RangeReader
 from mlaq.audit.source import RangeCheckpoint
 from mlaq.bmm import get_scheme, scheme_names, split_kv_b_proj
 from mlaq.bmm.mx import MX_BLOCK
 from mlaq.bmm.theory import theory_for
 from mlaq.model.loading.checkpoint import check_finite
 from mlaq.model.loading.kv_b import check_stored, prepare_absorbed
+from mlaq.model.loading.range_reader import RangeReader
 from mlaq.model.loading.weights import WeightFormat, read_linear
 from mlaq.policy import PolicyResult, checkpoint_quant, decide, mla_model, parse_explicit, read_checkpoint_dir
 from mlaq.policy.explicit import load_explicit

@@ -15,8 +15,8 @@ from typing import Any
 
 from torch import Tensor
 
-from mlaq.audit.reader import RangeReader, TensorSpan
 from mlaq.model.loading.checkpoint import INDEX_FILE, SINGLE_FILE
+from mlaq.model.loading.range_reader import RangeReader, TensorSpan
 
 
 class RangeCheckpoint:

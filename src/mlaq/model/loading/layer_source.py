@@ -2,7 +2,7 @@
 embedding rows a batch uses and of the head, each read when asked for and owned by the caller.
 
 This is what a layer-streaming run needs to execute a model larger than memory: nothing is kept
-between calls, tensors are read by byte range (range_reader.py: no memory map grows the resident set),
+between calls, tensors are read by byte range (range_checkpoint.py: no memory map grows the resident set),
 in the checkpoint's stored precision, and dequantized exactly by the loader's own readers (weights.py)
 before being cast to each compute dtype asked for. A decoder layer comes back with its routed experts
 left on the meta device (no memory): ``expert`` reads one of them, so an MoE layer never holds more
@@ -28,7 +28,7 @@ from mlaq.model.layers.mtp import MTPLayer
 from mlaq.model.layers.norm import RMSNorm
 from mlaq.model.loading.checkpoint import check_finite
 from mlaq.model.loading.loader import _FP32_PARAMS, _mtp_layers_present
-from mlaq.model.loading.range_reader import RangeCheckpoint
+from mlaq.model.loading.range_checkpoint import RangeCheckpoint
 from mlaq.model.loading.weights import (
     CheckpointQuant,
     CheckpointWeight,

@@ -1,23 +1,22 @@
-"""Byte-range reading of a safetensors checkpoint: each tensor read with ``os.pread`` into its own buffer.
+"""mlaq's one safetensors byte-range reader: a file's header, then exactly the bytes asked for.
 
-:class:`SafetensorsCheckpoint` memory-maps whole shards; every page a read touches then stays in the
-process's resident set until the shard is closed, so streaming a checkpoint larger than RAM through it
-would grow RSS with every layer. This reader parses each shard's header once (8-byte little-endian
-length, JSON header: ``{name: {dtype, shape, data_offsets}}``, then the data) and reads a tensor's exact
-byte range on demand: memory holds only the tensors the caller keeps, and ``bytes_read`` counts the
-checkpoint bytes read so far. Same verbs as SafetensorsCheckpoint (``has``, ``get``, ``shape``, ``where``),
-so the loader's weight readers (weights.py) take either.
-
-A shard is opened for each read, never kept open: a shard that disappears mid-run (a network mount
-gone, a file deleted) is reported as missing, naming the tensor, rather than read from a stale handle.
+A safetensors file is ``u64 little-endian N`` + ``N`` bytes of JSON header (name -> dtype, shape,
+``data_offsets`` relative to the end of the header) + the data. :class:`RangeReader` reads the 8-byte
+length and the header of a file once, then each requested tensor (or rows of it) with ``os.pread`` of
+exactly its byte ranges: nothing else of the file is read, and every byte read is counted, so
+``mlaq audit`` can show (and its benchmark check against ``/proc/self/io``) that a 700 GB checkpoint
+cost it only its kv_b_proj bytes, and ``validate --stream`` holds only the tensors it keeps. No memory
+map: a mapped file's read-ahead would pull in neighbours and grow the resident set. A file is opened
+for each read, never kept open: a shard gone mid-run is reported as missing, not read from a stale handle.
+Both checkpoint views read through it: ``range_checkpoint.RangeCheckpoint`` (every shard, the stream)
+and ``mlaq.audit.source.RangeCheckpoint`` (only the shards the index names for kv_b_proj).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import struct
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,9 +26,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from mlaq.model.loading.checkpoint import SafetensorsCheckpoint
-
-# safetensors dtype codes -> torch (the ones mlaq's weight formats use, plus the integer kinds)
+# safetensors dtype strings -> torch (mlaq's weight formats, their scales, the integer kinds)
 DTYPES = MappingProxyType(
     {
         "F64": torch.float64,
@@ -39,15 +36,15 @@ DTYPES = MappingProxyType(
         "F8_E4M3": torch.float8_e4m3fn,
         "F8_E5M2": torch.float8_e5m2,
         "F8_E8M0": torch.float8_e8m0fnu,
-        "I64": torch.int64,
-        "I32": torch.int32,
-        "I16": torch.int16,
-        "I8": torch.int8,
         "U8": torch.uint8,
+        "I8": torch.int8,
+        "I16": torch.int16,
+        "I32": torch.int32,
+        "I64": torch.int64,
         "BOOL": torch.bool,
     }
 )
-_MAX_HEADER = 100 * 2**20  # the safetensors format's own limit on the JSON header
+_MAX_HEADER = 100 * 2**20  # safetensors' own limit on the header size
 
 
 class ShardMissingError(FileNotFoundError):
@@ -55,156 +52,168 @@ class ShardMissingError(FileNotFoundError):
 
 
 @dataclass(frozen=True)
-class TensorInfo:
+class TensorSpan:
+    """Where one tensor lies: absolute byte range [start, end) of ``file``."""
+
     file: Path
-    dtype: torch.dtype
+    name: str
+    dtype: str
     shape: tuple[int, ...]
-    start: int  # absolute byte offset in the file
-    nbytes: int
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
 
 
-class RangeCheckpoint:
-    """Tensor name -> (shard, byte range) of a checkpoint directory; ``with`` for symmetry with
-    SafetensorsCheckpoint (nothing stays open between reads)."""
+@dataclass(frozen=True)
+class Header:
+    file: Path
+    size: int  # bytes of the file on disk
+    nbytes: int  # 8 + the JSON header's length
+    tensors: MappingProxyType[str, TensorSpan]
 
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-        # the same file discovery and errors as the memory-mapped reader (index, single file)
-        files = SafetensorsCheckpoint(self.directory)._files
-        self._info: dict[str, TensorInfo] = {}
-        for file in files:
-            for name, info in _read_header(file).items():
-                if name in self._info:
-                    raise ValueError(
-                        f"tensor {name!r} is stored twice: in {self._info[name].file} and {file}"
-                    )
-                self._info[name] = info
+
+class RangeReader:
+    """Reads safetensors headers and single tensors by exact byte ranges, counting every byte.
+
+    >>> reader = RangeReader()                                     # doctest: +SKIP
+    >>> t = reader.tensor(reader.header(path).tensors["w"])       # doctest: +SKIP
+    >>> reader.bytes_read                                          # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
         self.bytes_read = 0
-        self.seconds_reading = 0.0  # wall time inside reads (open + pread): the I/O share of a run
+        self.header_bytes = 0
+        self.tensor_bytes = 0
+        self.seconds_reading = 0.0  # wall time inside tensor reads (open + pread): the I/O share of a run
+        self._headers: dict[Path, Header] = {}
+        self._lock = threading.RLock()  # audit reads layers from several threads; header() re-enters pread()
 
-    def __enter__(self) -> RangeCheckpoint:
-        return self
+    def pread(self, file: Path, offset: int, length: int) -> bytearray:
+        """``length`` bytes of ``file`` from ``offset`` (fewer at its end): the one place file bytes are read
+        (tests replace it to forbid ranges). One copy, from the kernel into the buffer returned."""
+        data = bytearray(length)
+        view, got = memoryview(data), 0
+        with open(file, "rb", buffering=0) as f:
+            while got < length:  # a read returns at most ~2 GiB
+                n = os.preadv(f.fileno(), [view[got:]], offset + got)
+                if n == 0:
+                    break
+                got += n
+        view.release()
+        del data[got:]
+        with self._lock:
+            self.bytes_read += got
+        return data
 
-    def __exit__(self, *exc: object) -> None:
-        pass
+    def header(self, file: Path) -> Header:
+        """The parsed header of ``file`` (read once)."""
+        with self._lock:
+            if file not in self._headers:
+                self._headers[file] = self._read_header(file)
+            return self._headers[file]
 
-    def keys(self) -> list[str]:
-        return list(self._info)
+    def _read_header(self, file: Path) -> Header:
+        try:
+            size = file.stat().st_size
+        except OSError as exc:
+            raise FileNotFoundError(f"{file}: cannot open ({exc.strerror})") from None
+        head = self.pread(file, 0, 8)
+        if len(head) < 8:
+            raise ValueError(
+                f"{file}: not a safetensors file ({size} bytes, shorter than its 8-byte header length)"
+            )
+        n = int.from_bytes(head, "little")
+        if n > _MAX_HEADER or 8 + n > size:
+            raise ValueError(
+                f"{file}: not a safetensors file or truncated (header length {n}, file {size} bytes)"
+            )
+        raw = self.pread(file, 8, n)
+        self.header_bytes += 8 + n  # under the lock held by header()
+        try:
+            entries = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{file}: corrupt safetensors header ({exc})") from None
+        if not isinstance(entries, dict):
+            raise ValueError(f"{file}: corrupt safetensors header (not a JSON object)")
+        spans = {
+            name: _span(file, name, entry, 8 + n) for name, entry in entries.items() if name != "__metadata__"
+        }
+        return Header(file, size, 8 + n, MappingProxyType(spans))
 
-    def has(self, name: str) -> bool:
-        return name in self._info
+    def tensor(self, span: TensorSpan) -> Tensor:
+        """The tensor at ``span``, read with one pread of exactly its bytes."""
+        size = self.header(span.file).size
+        if span.end > size:
+            raise ValueError(
+                f"{span.file.name}: tensor {span.name!r} needs bytes {span.start}..{span.end} but the file has "
+                f"only {size} bytes: the shard is truncated (re-download it)"
+            )
+        data = self.pread(span.file, span.start, span.nbytes) if span.nbytes else bytearray()
+        if len(data) != span.nbytes:
+            raise ValueError(f"{span.file.name}: tensor {span.name!r}: short read; the shard is truncated")
+        with self._lock:
+            self.tensor_bytes += span.nbytes
+        flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        return flat.view(DTYPES[span.dtype]).reshape(span.shape)
 
-    def info(self, name: str) -> TensorInfo:
-        if name not in self._info:
-            raise ValueError(f"tensor {name!r} is missing from the checkpoint in {self.directory}")
-        return self._info[name]
-
-    def file_of(self, name: str) -> Path:
-        return self.info(name).file
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.info(name).shape
-
-    def nbytes(self, name: str) -> int:
-        return self.info(name).nbytes
-
-    def where(self, name: str) -> str:
-        return f"{self._info[name].file.name}: tensor {name!r}" if name in self._info else repr(name)
-
-    def get(self, name: str) -> Tensor:
-        """Read one tensor's bytes into a new CPU tensor (nothing else of the shard is read)."""
-        info = self.info(name)
-        buf = self._read(name, info, [(0, info.nbytes)])
-        if info.nbytes == 0:
-            return torch.empty(info.shape, dtype=info.dtype)
-        return buf.view(info.dtype).reshape(info.shape)
-
-    def get_rows(self, name: str, rows: Sequence[int]) -> Tensor:
-        """Rows ``rows`` (ascending, distinct) of a 2-D tensor, e.g. the embedding rows of a batch's
-        tokens: (len(rows), cols), reading only those rows' bytes."""
-        info = self.info(name)
-        if len(info.shape) != 2:
-            raise ValueError(f"{self.where(name)}: expected a 2-D tensor, got shape {info.shape}")
-        n_rows, cols = info.shape
-        if rows and not (rows[0] >= 0 and rows[-1] < n_rows):
-            raise ValueError(f"{self.where(name)}: row ids must lie in 0..{n_rows - 1}")
-        row_bytes = info.nbytes // n_rows if n_rows else 0
-        runs: list[tuple[int, int]] = []  # (first row, count) of consecutive rows: one read each
-        for r in rows:
-            if runs and runs[-1][0] + runs[-1][1] == r:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-            else:
-                runs.append((r, 1))
-        buf = self._read(name, info, [(r * row_bytes, n * row_bytes) for r, n in runs])
-        if not rows:
-            return torch.empty(0, cols, dtype=info.dtype)
-        return buf.view(info.dtype).reshape(len(rows), cols)
-
-    def _read(self, name: str, info: TensorInfo, ranges: Sequence[tuple[int, int]]) -> Tensor:
-        """The bytes of ``ranges`` ((offset in the tensor, length) each), concatenated, as uint8."""
+    def ranges(self, span: TensorSpan, ranges: Sequence[tuple[int, int]]) -> Tensor:
+        """The bytes of ``ranges`` ((offset in the tensor, length) each) of ``span``'s tensor, concatenated,
+        as uint8 in a fresh buffer; the shard is opened for this read only."""
         start = time.perf_counter()
         buf = torch.empty(sum(n for _, n in ranges), dtype=torch.uint8)  # not zero-filled: read over
-        try:
-            fd = os.open(info.file, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ShardMissingError(
-                f"shard {info.file} (holding tensor {name!r}) is missing: it was there when the run "
-                "started; restore it and run again"
-            ) from None
-        except OSError as exc:
-            raise ValueError(f"{info.file}: cannot open to read tensor {name!r} ({exc})") from None
-        try:
-            view, at = memoryview(buf.numpy()), 0
-            for offset, length in ranges:
-                done = 0
-                while done < length:  # pread may return short counts on large reads
-                    n = os.preadv(fd, [view[at + done : at + length]], info.start + offset + done)
-                    if n <= 0:
-                        raise ValueError(
-                            f"{info.file}: truncated while reading tensor {name!r}; "
-                            "the shard changed during the run"
-                        )
-                    done += n
-                at += length
-        finally:
-            os.close(fd)
-        self.bytes_read += buf.numel()
-        self.seconds_reading += time.perf_counter() - start
+        _read_into(buf, span, ranges)
+        with self._lock:
+            self.bytes_read += buf.numel()
+            self.tensor_bytes += buf.numel()
+            self.seconds_reading += time.perf_counter() - start
         return buf
 
 
-def _read_header(file: Path) -> dict[str, TensorInfo]:
-    """Parse one shard's header; a clear error for anything that is not a safetensors file."""
+def _read_into(buf: Tensor, span: TensorSpan, ranges: Sequence[tuple[int, int]]) -> None:
+    """pread each (offset in the tensor, length) of ``ranges`` into ``buf``, one after the other."""
     try:
-        with open(file, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ValueError(f"{file}: corrupt or truncated safetensors file (no header)")
-            (size,) = struct.unpack("<Q", head)
-            if size > _MAX_HEADER:
-                raise ValueError(f"{file}: corrupt or truncated safetensors file (header of {size} bytes)")
-            raw = f.read(size)
-        total = file.stat().st_size
+        fd = os.open(span.file, os.O_RDONLY)
+    except FileNotFoundError:
+        raise ShardMissingError(
+            f"shard {span.file} (holding tensor {span.name!r}) is missing: it was there when the run "
+            "started; restore it and run again"
+        ) from None
     except OSError as exc:
-        raise ValueError(f"{file}: cannot read ({exc})") from None
+        raise ValueError(f"{span.file}: cannot open to read tensor {span.name!r} ({exc})") from None
     try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{file}: corrupt or truncated safetensors file (bad header: {exc})") from None
-    base = 8 + size
-    out: dict[str, TensorInfo] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = DTYPES.get(meta.get("dtype"))
-        if dtype is None:
-            raise ValueError(
-                f"{file}: tensor {name!r} has dtype {meta.get('dtype')!r}, which mlaq cannot read"
-            )
-        shape = tuple(int(d) for d in meta["shape"])
-        begin, end = (int(x) for x in meta["data_offsets"])
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        if end - begin != nbytes or base + end > total:
-            raise ValueError(f"{file}: corrupt or truncated safetensors file (tensor {name!r} out of range)")
-        out[name] = TensorInfo(file, dtype, shape, base + begin, nbytes)
-    return out
+        view, at = memoryview(buf.numpy()), 0
+        for offset, length in ranges:
+            done = 0
+            while done < length:  # pread may return short counts on large reads
+                n = os.preadv(fd, [view[at + done : at + length]], span.start + offset + done)
+                if n <= 0:
+                    raise ValueError(
+                        f"{span.file}: truncated while reading tensor {span.name!r}; the shard changed "
+                        "during the run"
+                    )
+                done += n
+            at += length
+    finally:
+        os.close(fd)
+
+
+def _span(file: Path, name: str, entry: object, base: int) -> TensorSpan:
+    where = f"{file.name}: tensor {name!r}"
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise ValueError(f"{where}: corrupt header entry {entry!r}")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in DTYPES:
+        raise ValueError(f"{where}: stored dtype {dtype} is not one mlaq reads ({', '.join(DTYPES)})")
+    ok = isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+    ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+    if not ok or not 0 <= offsets[0] <= offsets[1]:
+        raise ValueError(f"{where}: corrupt header entry {entry!r}")
+    count = 1
+    for d in shape:
+        count *= d
+    if (offsets[1] - offsets[0]) != count * DTYPES[dtype].itemsize:
+        raise ValueError(f"{where}: header says {dtype} {shape} but gives {offsets[1] - offsets[0]} bytes")
+    return TensorSpan(file, name, dtype, tuple(shape), base + offsets[0], base + offsets[1])
