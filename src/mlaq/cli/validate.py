@@ -201,21 +201,37 @@ def task_config(args: argparse.Namespace):  # -> TaskConfig | None
 
 
 def run(args: argparse.Namespace) -> int:
+    """One run for every source: the source from the arguments, then measure, summarize and the tail."""
     import sys
 
-    import torch
-
+    from mlaq.cli.validate_output import finish
     from mlaq.validate.progress import make_progress
-    from mlaq.validate.report import prepare_out, report_json
-    from mlaq.validate.runner import measure
-    from mlaq.validate.stats import summarize
-    from mlaq.validate.summary import print_summary
+    from mlaq.validate.report import prepare_out
+    from mlaq.validate.runner import run as run_source
     from mlaq.validate.verdict import VerdictConfig
 
     if getattr(args, "server", None):
-        from mlaq.cli import validate_server
+        from mlaq.cli.validate_server import source_from_args
 
-        return validate_server.run(args)
+        source = source_from_args(args, lambda: task_config(args))
+    else:
+        source = _local_source(args)
+    out = prepare_out(args.out) if args.out else None  # before measuring: a bad --out costs nothing
+    verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
+    try:
+        report = run_source(source, make_progress(not args.no_progress), verdicts)
+    except KeyboardInterrupt:
+        print(
+            "mlaq validate: interrupted; nothing was written (a previous report stays as it was)",
+            file=sys.stderr,
+        )
+        return 130
+    return finish(args, report, out)
+
+
+def _local_source(args: argparse.Namespace):  # -> Source: the engine, or the checkpoint layer by layer
+    import torch
+
     for flag in ("reference", "against", "record"):
         if getattr(args, flag, None):
             raise ValueError(f"--{flag} needs --server URL")
@@ -229,7 +245,6 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--eval-text {config.eval_text}: no such file")
     if args.threads:
         torch.set_num_threads(args.threads)
-    source = None
     if args.memory_budget is not None and not args.stream:
         raise ValueError("--memory-budget applies to --stream; add --stream")
     if args.stream:
@@ -238,63 +253,9 @@ def run(args: argparse.Namespace) -> int:
         from mlaq.validate.stream.progress import make_layer_progress
 
         budget = args.memory_budget or DEFAULT_BUDGET
-        source = StreamSource(config, budget, layer_progress=make_layer_progress(not args.no_progress))
-    else:  # in memory: reuse freed pages (tens-of-MB temporaries page-faulted ~15 % of the CPU time)
-        from mlaq.libc import keep_freed_memory
+        return StreamSource(config, budget, layer_progress=make_layer_progress(not args.no_progress))
+    from mlaq.libc import keep_freed_memory
+    from mlaq.validate.sources.engine import EngineSource
 
-        keep_freed_memory()
-    out = prepare_out(args.out) if args.out else None  # before measuring: a bad --out costs nothing
-    try:
-        record = measure(config, progress=make_progress(not args.no_progress), source=source)
-    except KeyboardInterrupt:
-        print(
-            "mlaq validate: interrupted; nothing was written (a previous report stays as it was)",
-            file=sys.stderr,
-        )
-        return 130
-    verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
-    report = summarize(record, verdicts)
-    if args.json:  # the results first: a failing write below cannot lose them
-        sys.stdout.write(report_json(report))
-    else:
-        print_summary(report)
-    sys.stdout.flush()
-    code = verdict_exit_code(report, args.fail_on)
-    return code if out is None or save_report(report, out) else 1
-
-
-def save_report(report: dict, out) -> bool:  # out: Path
-    """Write the report files into ``out`` (after the results were printed); a failing write is one
-    line naming --out, and False."""
-    import sys
-
-    from mlaq.validate.report import write_report
-
-    try:
-        paths = write_report(report, out)
-    except (OSError, ValueError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        print(
-            f"mlaq validate: --out {out}: could not write the report ({why}); the results above are "
-            "complete and a previous report there stays as it was",
-            file=sys.stderr,
-        )
-        return False
-    print(f"mlaq validate: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    return True
-
-
-def verdict_exit_code(report: dict, fail_on: str | None) -> int:
-    """0, or 1 when ``--fail-on`` names a verdict some scheme reached (the failing ones on stderr)."""
-    import sys
-
-    if fail_on is None:
-        return 0
-    failing = {"degraded": {"degraded"}, "inconclusive": {"degraded", "inconclusive"}}[fail_on]
-    bad = []
-    for name, v in [*report["schemes"].items(), ("as-configured", report.get("as_configured"))]:
-        if v is not None and v["verdict"]["verdict"] in failing:
-            bad.append(f"{name}: {v['verdict']['verdict']}")
-    if bad:
-        print(f"mlaq validate: --fail-on {fail_on}: {'; '.join(bad)}", file=sys.stderr)
-    return 1 if bad else 0
+    keep_freed_memory()  # in memory: reuse freed pages (tens-of-MB temporaries page-faulted ~15 % of the CPU time)
+    return EngineSource(config)

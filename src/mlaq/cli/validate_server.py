@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 # local validate's options that mean nothing for a server (the server's own flags decide)
 _LOCAL_ONLY = {
@@ -50,17 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    import sys
+def source_from_args(args: argparse.Namespace, tasks: Callable[[], Any]):  # -> ServerSource (lazily)
+    """The live servers of ``--server`` as a measurement source; ``tasks()``: the suite's TaskConfig."""
     from pathlib import Path
 
-    from mlaq.cli.validate import save_report, task_config, verdict_exit_code
-    from mlaq.validate.progress import make_progress
-    from mlaq.validate.report import prepare_out, report_json
     from mlaq.validate.server import ClientConfig, ServerValidateConfig
-    from mlaq.validate.sources.server import run_server_validation
-    from mlaq.validate.summary import print_summary
-    from mlaq.validate.verdict import VerdictConfig
+    from mlaq.validate.sources.server import ServerSource
 
     for dest, flag in _LOCAL_ONLY.items():
         if getattr(args, dest, None) not in (None, False):
@@ -71,67 +68,28 @@ def run(args: argparse.Namespace) -> int:
     def client(url: str, key: str | None) -> ClientConfig:
         return ClientConfig(url, api_key=key, timeout=args.timeout, retries=args.retries)
 
-    cfg = ServerValidateConfig(
-        server=client(args.server, args.api_key),
-        reference=client(args.reference, args.reference_api_key or args.api_key) if args.reference else None,
-        against=Path(args.against) if args.against else None,
-        record=Path(args.record) if args.record else None,
-        model=args.served_model,
-        reference_model=args.reference_model,
-        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
-        eval_text=Path(args.eval_text) if args.eval_text else None,
-        context_len=args.context_len,
-        windows=args.windows,
-        buckets=args.buckets,
-        prompts=args.prompts,
-        prompt_len=args.prompt_len,
-        max_tokens=args.max_tokens,
-        logprobs=args.logprobs,
-        concurrency=args.concurrency,
-        ngram=args.ngram,
-        seed=args.seed,
-        tasks=None if args.against else task_config(args),
+    return ServerSource(
+        ServerValidateConfig(
+            server=client(args.server, args.api_key),
+            reference=client(args.reference, args.reference_api_key or args.api_key)
+            if args.reference
+            else None,
+            against=Path(args.against) if args.against else None,
+            record=Path(args.record) if args.record else None,
+            model=args.served_model,
+            reference_model=args.reference_model,
+            tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+            eval_text=Path(args.eval_text) if args.eval_text else None,
+            context_len=args.context_len,
+            windows=args.windows,
+            buckets=args.buckets,
+            prompts=args.prompts,
+            prompt_len=args.prompt_len,
+            max_tokens=args.max_tokens,
+            logprobs=args.logprobs,
+            concurrency=args.concurrency,
+            ngram=args.ngram,
+            seed=args.seed,
+            tasks=None if args.against else tasks(),
+        )
     )
-    out = prepare_out(args.out) if args.out else None  # before measuring: a bad path must not cost the run
-    verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
-    report = run_server_validation(cfg, make_progress(not args.no_progress), verdicts)
-    if args.json:
-        sys.stdout.write(report_json(report))
-    else:
-        print_summary(report)
-        print("\n".join(_details(report)))
-    sys.stdout.flush()
-    code = verdict_exit_code(report, args.fail_on)
-    return code if out is None or save_report(report, out) else 1
-
-
-def _details(report: dict) -> list[str]:
-    """llama.cpp's KL list of each candidate, and what a server could not measure."""
-    from mlaq.validate.kld import format_kld_statistics
-
-    lines = []
-    for name, v in report["schemes"].items():
-        d = v.get("decode") or {}
-        if d.get("n"):
-            lines += [
-                "",
-                f"{name}: decode path (greedy positions with equal contexts, n={d['n']}): mean KLD "
-                f"{d['kld']['mean']:.6f} ± {d['kld']['uncertainty']:.6f}, max {d['kld']['max']:.6f}, "
-                f"same top p {100 * d['top1_agreement']:.3f} %",
-            ]
-        stats = (v.get("kld_stats") or {}).get("all")
-        if stats:
-            lines += ["", f"====== {name}: KL divergence statistics (llama.cpp's list) ======"]
-            lines += format_kld_statistics(stats)
-            est = v.get("kl_estimator") or {}
-            if not est.get("exact", True):
-                lines.append(
-                    f"(top-{report['config']['logprobs']} estimate, a lower bound: reference mass outside the "
-                    f"shared top-k set mean {est['mass_outside_mean']:.1e}, max {est['mass_outside_max']:.1e})"
-                )
-    for side, s in (report["model"].get("servers") or {}).items():
-        for what, msg in (s or {}).get("errors", {}).items():
-            lines.append(f"{side}: {what}: {msg}")
-        for msg in (s or {}).get("warnings", []):
-            lines.append(f"{side}: warning: {msg}")
-    return lines

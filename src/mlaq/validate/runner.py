@@ -1,9 +1,11 @@
-"""``run_validation``: measure with a source, then summarize the record into the report's JSON object.
+"""``run``: one validation for every source — measure into a record, then summarize it into the report.
 
+    report = run(source, progress, verdicts)   # the engine, the layer-streamed checkpoint or live servers
     record = measure(config)          # a Record (record.py): plain data, JSON round-trip
     report = summarize(record)        # stats.py: pure functions; what --json prints, report.* render
 
-The default source is the in-memory engine (sources/engine.py); another source is passed as ``source``.
+A source (sources/) is anything with ``measure(progress) -> Record``; ``measure`` and ``run_validation``
+default to the in-memory engine (sources/engine.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ from mlaq.validate.progress import Progress
 from mlaq.validate.record import Record
 from mlaq.validate.sources import Source
 from mlaq.validate.stats import summarize
+from mlaq.validate.verdict import VerdictConfig
+
+
+def run(
+    source: Source, progress: Progress | None = None, verdicts: VerdictConfig | None = None
+) -> dict[str, Any]:
+    """Measure with ``source`` and summarize: the report (what ``--json`` prints and report.json holds)."""
+    from mlaq.validate.progress import NullProgress
+
+    return summarize(source.measure(progress or NullProgress()), verdicts)
 
 
 def measure(

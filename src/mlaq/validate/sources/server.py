@@ -159,11 +159,10 @@ def _variant(
 def run_server_validation(
     config: ServerValidateConfig, progress: Progress | None = None, verdicts: Any = None
 ) -> dict[str, Any]:
-    """Measure the servers and summarize: the report dict (what ``--json`` prints)."""
-    from mlaq.validate.stats import summarize
+    """``runner.run(ServerSource(config), ...)``: the servers measured and summarized, the report."""
+    from mlaq.validate.runner import run
 
-    record = ServerSource(config).measure(progress)
-    return summarize(record) if verdicts is None else summarize(record, verdicts)
+    return run(ServerSource(config), progress, verdicts)
 
 
 def _per_request(side: Side) -> list[list[int]] | None:
