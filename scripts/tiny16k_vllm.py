@@ -33,12 +33,12 @@ def prompt(model: Path, n: int) -> list[int]:
     return ids[:n]
 
 
-def run_vllm(model: Path, ids: list[int], new: int, max_len: int) -> list[int]:
+def run_vllm(model: Path, ids: list[int], new: int, max_len: int, eager: bool = False) -> list[int]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; the default takes a share of RAM
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=str(model), dtype="bfloat16", max_model_len=max_len, skip_tokenizer_init=True, seed=0,
-              max_num_batched_tokens=max_len)  # fmt: skip
+              max_num_batched_tokens=max_len, enforce_eager=eager)  # fmt: skip
     sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, detokenize=False)
     out = llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)
     return list(out[0].outputs[0].token_ids)
@@ -65,6 +65,7 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=12000)
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--eager", action="store_true", help="vllm: enforce_eager (no torch.compile at start-up)")
     a = p.parse_args()
     if a.engine == "compare":
         if len(a.files) != 2:
@@ -81,10 +82,12 @@ def main() -> None:
     cfg = json.loads((a.model / "config.json").read_text())
     max_len = cfg["max_position_embeddings"]
     start = time.time()
-    run = run_vllm if a.engine == "vllm" else run_mlaq
-    tokens = run(a.model, ids, a.new_tokens, max_len)
+    if a.engine == "vllm":
+        tokens = run_vllm(a.model, ids, a.new_tokens, max_len, a.eager)
+    else:
+        tokens = run_mlaq(a.model, ids, a.new_tokens, max_len)
     result = {"engine": a.engine, "model": str(a.model), "prompt_tokens": len(ids), "tokens": tokens,
-              "seconds": round(time.time() - start, 1), "rope": cfg.get("rope_parameters") or cfg.get("rope_scaling")}  # fmt: skip
+              "seconds": round(time.time() - start, 1), "eager": a.eager, "rope": cfg.get("rope_parameters") or cfg.get("rope_scaling")}  # fmt: skip
     text = json.dumps(result)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

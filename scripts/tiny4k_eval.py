@@ -88,6 +88,7 @@ def main() -> None:
     p.add_argument("--lengths", default="1024,2048,4096")
     p.add_argument("--windows", type=int, default=4)
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
+    p.add_argument("--haystacks", default="code,prose", help="code (heldout.txt), prose (heldout-prose.txt)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=None)
@@ -104,7 +105,8 @@ def main() -> None:
     ctx = json.loads((a.model / "config.json").read_text())["max_position_embeddings"]
     result: dict = {"model": str(a.model), "samples": a.samples, "lengths": list(lengths), "tasks": list(names),
                     "seed": a.seed, "threads": a.threads}  # fmt: skip
-    for name, file in (("code", "heldout.txt"), ("prose", "heldout-prose.txt")):
+    files = {"code": "heldout.txt", "prose": "heldout-prose.txt"}
+    for name, file in ((h, files[h]) for h in a.haystacks.split(",")):
         ids = encode((a.model / file).read_text())
         result[name] = {
             "haystack": file,
