@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from audit_helpers import bf16_checkpoint, header_spans
+from mlaq.outputs import MANIFEST, note_written
 from model_helpers import edit_config
 
 KV_B1 = "model.layers.1.self_attn.kv_b_proj.weight"
@@ -69,13 +70,15 @@ def _fails(mlaq_cli, path, tmp_path, *extra):
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     (out / "report.json").write_text("GOOD")
+    note_written(out, ["report.json"])  # a report of an earlier run: mlaq may replace it, a failure must not
     res = mlaq_cli("audit", str(path), "--no-progress", "--out", str(out), *extra)
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mlaq audit: error: "), res.stderr
     assert "Traceback" not in res.stderr
     assert (out / "report.json").read_text() == "GOOD" and sorted(p.name for p in out.iterdir()) == [
-        "report.json"
+        MANIFEST,
+        "report.json",
     ]
     return lines[0]
 

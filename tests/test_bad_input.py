@@ -14,6 +14,7 @@ import pytest
 
 from conftest import SRC
 from mlaq.cli import main
+from mlaq.outputs import note_written
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -89,6 +90,7 @@ def test_ctrl_c_during_validate_is_one_line_and_keeps_the_report(ckpt, tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     (out / "report.md").write_text("previous report")
+    note_written(out, ["report.md"])  # mlaq's report of an earlier run
     # plain progress lines (no rich) tell when measuring has begun
     code = "import sys; sys.modules['rich'] = None; from mlaq.cli import main; sys.exit(main())"
     argv = [sys.executable, "-c", code, "validate", str(ckpt), "--out", str(out), "--schemes", "mxfp4"]
@@ -128,7 +130,7 @@ def test_ctrl_c_during_validate_is_one_line_and_keeps_the_report(ckpt, tmp_path)
         "mlaq validate: interrupted; nothing was written (a previous report stays as it was)"
     )
     assert (out / "report.md").read_text() == "previous report"
-    assert sorted(p.name for p in out.iterdir()) == ["report.md"]
+    assert sorted(p.name for p in out.iterdir()) == [".mlaq-outputs.json", "report.md"]
 
 
 # -- speculative decoding ----------------------------------------------------------------------------

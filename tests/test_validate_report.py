@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
+from mlaq.outputs import MANIFEST, note_written
 from mlaq.validate import report as report_mod
 from mlaq.validate.config import ValidateConfig
 from mlaq.validate.report import REPORT_JSON, REPORT_MD, write_report
@@ -61,7 +62,8 @@ def test_write_report_files(report, tmp_path) -> None:
     assert json.loads((tmp_path / "out" / REPORT_JSON).read_text()) == json.loads(json.dumps(report))
     png = (tmp_path / "out" / "per_layer_error.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temp dir left
+    left = [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
+    assert left == [".mlaq-outputs.json"]  # no temp dir left; the manifest of what mlaq wrote
 
 
 def test_markdown_states_model_text_seed_versions_arithmetic_theory(report) -> None:
@@ -87,6 +89,7 @@ def test_a_failing_write_leaves_the_previous_report(report, tmp_path, monkeypatc
     out.mkdir()
     (out / REPORT_MD).write_text("good old report")
     (out / REPORT_JSON).write_text('{"good": true}')
+    note_written(out, [REPORT_MD, REPORT_JSON])  # mlaq's report of an earlier run
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("disk full while rendering")
@@ -96,7 +99,7 @@ def test_a_failing_write_leaves_the_previous_report(report, tmp_path, monkeypatc
         write_report(report, out, plots=False)
     assert (out / REPORT_MD).read_text() == "good old report"
     assert (out / REPORT_JSON).read_text() == '{"good": true}'
-    assert sorted(p.name for p in out.iterdir()) == [REPORT_JSON, REPORT_MD]  # temp dir removed
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, REPORT_JSON, REPORT_MD]  # temp dir removed
 
 
 def test_nan_is_never_written(report, tmp_path) -> None:

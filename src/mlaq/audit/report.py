@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mlaq import outputs
 from mlaq.audit.run import risk
 
 REPORT_JSON, REPORT_MD, PLOT_PNG, CONFIG_JSON = (
@@ -22,6 +23,7 @@ REPORT_JSON, REPORT_MD, PLOT_PNG, CONFIG_JSON = (
     "error_by_layer.png",
     "quantization-config.json",
 )
+OUTPUTS = (REPORT_JSON, REPORT_MD, PLOT_PNG, CONFIG_JSON)
 
 
 def _pct(x: float | None, digits: int = 2) -> str:
@@ -180,10 +182,17 @@ def _detail(r: dict[str, Any]) -> list[str]:
     return _md_table(head, rows)
 
 
-def write_report(r: dict[str, Any], out: str | Path, *, plot: bool = True) -> list[Path]:
+def prepare_out(out: str | Path, overwrite: bool = False) -> Path:
+    """Check (and create) ``--out`` before the audit reads anything (``mlaq.outputs``): one line when it
+    is a file, not writable, or holds a file of these names that mlaq did not write."""
+    return outputs.prepare_out(out, OUTPUTS, overwrite)
+
+
+def write_report(
+    r: dict[str, Any], out: str | Path, *, plot: bool = True, overwrite: bool = False
+) -> list[Path]:
     """Write report.json, report.md, the PNG and (with a suggestion) quantization-config.json into ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out(out, overwrite)
     tmp = Path(tempfile.mkdtemp(prefix=".mlaq-audit-", dir=out))
     try:
         names = [REPORT_JSON, REPORT_MD]
@@ -197,8 +206,10 @@ def write_report(r: dict[str, Any], out: str | Path, *, plot: bool = True) -> li
 
             plot_errors(r, tmp / PLOT_PNG)
             names.append(PLOT_PNG)
+        outputs.check_replaceable(out, names, overwrite)
         for name in names:
             os.replace(tmp / name, out / name)
+        outputs.note_written(out, names)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return [out / name for name in names]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,10 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    try:
+        args = parser.parse_args(argv)  # --help / --version print here
+        if args.command is None:
+            parser.print_help()
+            return 0
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
     module = importlib.import_module(args._module)
     bound_onednn_caches()  # before the command's first GEMM: oneDNN reads it once (mlaq.settings)
     try:
@@ -55,6 +60,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT
         print(f"mlaq {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `mlaq explain | head`: the reader left; stop quietly, as SIGPIPE would
+        _silence_stdout()
+        return 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

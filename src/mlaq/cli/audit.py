@@ -12,7 +12,10 @@ DEFAULT_SCHEMES = "fp8_per_tensor,mxfp4"  # what MLAQ_FP8BMM / MLAQ_FP4BMM (vLLM
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "checkpoint", metavar="CHECKPOINT", help="safetensors checkpoint directory (any size)"
+        "checkpoint",
+        metavar="CHECKPOINT",
+        nargs="?",
+        help="safetensors checkpoint directory (any size; default: the bundled mlaq-tiny-4k)",
     )
     parser.add_argument(
         "--schemes",
@@ -28,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out", metavar="DIR", help="write report.md, report.json and error_by_layer.png into DIR"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --out: replace files of those names that mlaq did not write (by default refused)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout instead of the table"
@@ -61,8 +69,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from mlaq.audit import audit, format_table, parse_error, report_json, suggest_config, write_report
+    from mlaq.audit.report import prepare_out
+    from mlaq.bundled import model_or_default
     from mlaq.progress import make_progress
     from mlaq.settings import Settings
+
+    args.checkpoint = model_or_default(args.checkpoint)
 
     schemes = tuple(s.strip() for s in args.schemes.split(",") if s.strip())
     if not schemes:
@@ -79,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else min(2, os.cpu_count() or 1)
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
+    if args.out:  # before reading anything: a bad --out costs nothing
+        prepare_out(args.out, args.overwrite)
     record = audit(
         args.checkpoint,
         schemes,
@@ -90,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if suggest:
         record["suggested_config"] = suggest_config(record, args.suggest_config or schemes[0], max_error)
     if args.out:
-        paths = write_report(record, args.out)
+        paths = write_report(record, args.out, overwrite=args.overwrite)
         print(f"mlaq audit: wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     if args.json:
         sys.stdout.write(report_json(record))

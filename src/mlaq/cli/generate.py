@@ -5,6 +5,7 @@ mlaq-tiny-4k checkpoint."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def _token_ids(text: str) -> list[int]:
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             {"prompt": t, "prompt_token_ids": llm.tokenizer.encode(t, add_special_tokens=False)}
             for t in texts
         ]
+    check_room(llm, prompts, args.max_tokens)
     start = time.perf_counter()
     if args.stream:
         if len(prompts) != 1:
@@ -137,6 +139,24 @@ def run(args: argparse.Namespace) -> int:
     if stats is not None:
         print(stats.log_line(time.perf_counter() - start))
     return 0
+
+
+def check_room(llm: Any, prompts: list, max_tokens: int) -> None:
+    """Prompt + --max-tokens must fit the context, as ``mlaq serve`` answers 400 (never silently capped)."""
+    config = llm.engine.config
+    m, limit = config.max_model_len, config.max_position_embeddings
+    for i, p in enumerate(prompts):
+        if not isinstance(p, dict) and llm.tokenizer is None:
+            continue  # the engine says a text prompt needs tokenizer.json
+        ids = p["prompt_token_ids"] if isinstance(p, dict) else llm.tokenizer.encode(p)
+        if len(ids) + max_tokens <= m or len(ids) > m:  # a prompt over the context: the engine's advice
+            continue
+        room = max(m - len(ids), 0)
+        bigger = f" or raise --max-model-len (the model takes up to {limit})" if limit and limit > m else ""
+        raise ValueError(
+            f"prompt {i} has {len(ids)} tokens and --max-tokens {max_tokens} asks for {len(ids) + max_tokens}, "
+            f"over the context of {m} tokens (max_model_len): lower --max-tokens to at most {room}{bigger}"
+        )
 
 
 def _spec_k(text: str | None) -> int:

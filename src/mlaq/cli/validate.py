@@ -115,6 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", metavar="DIR", help="write report.md, report.json and PNG plots into DIR")
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an --out report file or a --record file that mlaq did not write (by default refused)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout instead of the table"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -216,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         source = source_from_args(args, lambda: task_config(args))
     else:
         source = _local_source(args)
-    out = prepare_out(args.out) if args.out else None  # before measuring: a bad --out costs nothing
+    out = prepare_out(args.out, args.overwrite) if args.out else None  # before measuring: costs nothing
     verdicts = VerdictConfig(max_drop=args.max_drop, max_kl=args.max_kl)
     try:
         report = run_source(source, make_progress(not args.no_progress), verdicts)

@@ -27,16 +27,16 @@ def finish(args: argparse.Namespace, report: dict[str, Any], out: Path | None) -
             print("\n".join(notes))
     sys.stdout.flush()
     code = verdict_exit_code(report, args.fail_on)
-    return code if out is None or save_report(report, out) else 1
+    return code if out is None or save_report(report, out, args.overwrite) else 1
 
 
-def save_report(report: dict[str, Any], out: Path) -> bool:
+def save_report(report: dict[str, Any], out: Path, overwrite: bool = False) -> bool:
     """Write the report files into ``out`` (after the results were printed); a failing write is one
     line naming --out, and False."""
     from mlaq.validate.report import write_report
 
     try:
-        paths = write_report(report, out)
+        paths = write_report(report, out, overwrite=overwrite)
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(

@@ -57,6 +57,7 @@ def source_from_args(args: argparse.Namespace, tasks: Callable[[], Any]):  # -> 
     from pathlib import Path
 
     from mlaq.validate.server import ClientConfig, ServerValidateConfig
+    from mlaq.validate.server.record import check_record_path
     from mlaq.validate.sources.server import ServerSource
 
     for dest, flag in _LOCAL_ONLY.items():
@@ -67,6 +68,9 @@ def source_from_args(args: argparse.Namespace, tasks: Callable[[], Any]):  # -> 
 
     def client(url: str, key: str | None) -> ClientConfig:
         return ClientConfig(url, api_key=key, timeout=args.timeout, retries=args.retries)
+
+    if args.record:  # before measuring: the suffix, and a file that is not a recording
+        check_record_path(Path(args.record), args.overwrite)
 
     return ServerSource(
         ServerValidateConfig(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from mlaq.engine.kv_cache import KVCacheDtype
+from mlaq.policy.vllm_online import no_duplicate_keys
 
 # vLLM's --dtype names (vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE); "auto": the checkpoint's
 DTYPE_NAMES: Mapping[str, torch.dtype | None] = {
@@ -64,9 +65,11 @@ class SpeculativeConfig:
             return value
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = json.loads(value, object_pairs_hook=no_duplicate_keys)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"speculative_config is not valid JSON: {exc}") from exc
+            except ValueError as exc:  # a key written twice
+                raise ValueError(f"speculative_config: {exc}") from None
         if not isinstance(value, Mapping):
             raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
         unknown = sorted(set(value) - {"method", "num_speculative_tokens"})
@@ -153,9 +156,11 @@ class CompilationConfig:
             return value or cls()
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = json.loads(value, object_pairs_hook=no_duplicate_keys)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"compilation_config is not valid JSON: {exc}") from exc
+            except ValueError as exc:  # a key written twice
+                raise ValueError(f"compilation_config: {exc}") from None
         example = '{"inductor_compile_config": {"max_autotune": true}}'
         if not isinstance(value, Mapping):
             raise ValueError(f"compilation_config must be a JSON object such as {example}, got {value!r}")

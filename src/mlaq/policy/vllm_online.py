@@ -37,7 +37,7 @@ VLLM_KEYS = ("linear", "moe", "ignore", "targets")
 WHERE = "--quantization-config"
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """json object hook: a key written twice is an error (json.loads would silently keep the last)."""
     seen = Counter(k for k, _ in pairs)
     dup = [k for k, n in seen.items() if n > 1]
@@ -66,7 +66,7 @@ def read_config_text(value: str) -> tuple[Any, str]:
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"{where}: cannot read {path} ({exc})") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates), where
+        return json.loads(text, object_pairs_hook=no_duplicate_keys), where
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"{where}: not valid JSON ({exc}); pass a JSON object, @FILE.json or a path"

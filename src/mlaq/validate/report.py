@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlaq.validate.report_md import render_markdown
+from mlaq import outputs
+from mlaq.validate.report_md import PLOTS, render_markdown
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
@@ -26,24 +27,18 @@ def report_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, allow_nan=False) + "\n"
 
 
-def prepare_out(out: str | Path) -> Path:
+def prepare_out(out: str | Path, overwrite: bool = False) -> Path:
     """Check (and create) the report directory before anything is measured: ValueError naming --out
-    when it is a file, cannot be created (/proc/x, FILE/sub) or is not writable."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = Path(tempfile.mkdtemp(prefix=".mlaq-validate-", dir=out))  # writable: a report can land
-        probe.rmdir()
-    except OSError as exc:
-        raise ValueError(f"--out {out}: cannot write a report there ({exc.strerror or exc})") from None
-    return out
+    when it is a file, cannot be created (/proc/x, FILE/sub) or is not writable, or holds a report
+    file mlaq did not write (``mlaq.outputs``; ``overwrite`` replaces it)."""
+    return outputs.prepare_out(out, [REPORT_JSON, REPORT_MD, *PLOTS], overwrite)
 
 
-def write_report(report: dict[str, Any], out: str | Path, *, plots: bool = True) -> list[Path]:
+def write_report(
+    report: dict[str, Any], out: str | Path, *, plots: bool = True, overwrite: bool = False
+) -> list[Path]:
     """Write the report files into ``out`` (checked and created by ``prepare_out``); returns their paths."""
-    out = prepare_out(out)
+    out = prepare_out(out, overwrite)
     tmp = Path(tempfile.mkdtemp(prefix=".mlaq-validate-", dir=out))
     try:
         names = []
@@ -60,8 +55,10 @@ def write_report(report: dict[str, Any], out: str | Path, *, plots: bool = True)
             md += "\n(Plots skipped: matplotlib is not installed.)\n"
         (tmp / REPORT_MD).write_text(md, encoding="utf-8")
         files = [*names, REPORT_JSON, REPORT_MD]
+        outputs.check_replaceable(out, files, overwrite)  # nothing of the user's appeared meanwhile
         for name in files:
             os.replace(tmp / name, out / name)
+        outputs.note_written(out, files)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return [out / name for name in files]

@@ -2,8 +2,9 @@
 idea: the reference's teacher-forced top-k log-probabilities, its greedy tokens and its acceptance are
 saved once, and later runs are compared against the file (the reference server need not stay up).
 
-Two containers, chosen by the file name: ``.json`` (readable, larger) or anything else as safetensors
-(tensors + a JSON header in the metadata). Never pickle. The input token ids are saved too, so a later
+Two containers, chosen by the file's suffix: ``.json`` (readable, larger) or ``.safetensors`` (tensors +
+a JSON header in the metadata); any other suffix is refused. Never pickle. ``--record`` replaces only a
+recording (recognised by its header), anything else only with ``--overwrite``. The input token ids are saved too, so a later
 run sends exactly the same windows and prompts without tokenizing anything.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import SafetensorError
 
 from mlaq.validate.server.protocol import TeacherForced
 
@@ -56,6 +58,35 @@ def _maps(ids: np.ndarray, lps: np.ndarray) -> tuple[dict[int, float], ...]:
 
 def _from_arrays(tokens: Sequence[int], lp: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> TeacherForced:
     return TeacherForced(tuple(int(t) for t in tokens), lp.astype(np.float64), _maps(ids, lps))
+
+
+SUFFIXES = (".safetensors", ".json")
+
+
+def check_record_path(path: Path, overwrite: bool = False) -> None:
+    """Before measuring: ``--record``'s suffix picks the format, and an existing file is replaced only
+    when it is a recording (or with ``overwrite``); one line otherwise."""
+    if path.suffix not in SUFFIXES:
+        raise ValueError(
+            f"--record {path}: the suffix picks the format; name it .safetensors (compact) or .json (readable)"
+        )
+    if path.is_dir():
+        raise ValueError(f"--record {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"--record {path}: no directory {path.parent}")
+    if (path.exists() or path.is_symlink()) and not overwrite and not is_recording(path):
+        raise ValueError(
+            f"--record {path} exists and is not an mlaq recording; move it away, pick another name, "
+            "or pass --overwrite"
+        )
+
+
+def is_recording(path: Path) -> bool:
+    """True when ``path`` holds an mlaq validate recording (its header says so)."""
+    try:
+        return load_recording(path).header.get("magic") == _MAGIC
+    except (ValueError, FileNotFoundError):
+        return False
 
 
 def save_recording(path: Path, rec: Recording) -> None:
@@ -116,12 +147,29 @@ def load_recording(path: Path) -> Recording:
             with safe_open(str(path), framework="numpy") as f:
                 header = json.loads((f.metadata() or {})["mlaq"])
                 arrays = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
-    except (KeyError, ValueError, OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--against {path}: not an mlaq validate recording ({exc})") from None
-    if header.get("magic") != _MAGIC or header.get("version") != RECORD_VERSION:
+    except (KeyError, ValueError, OSError, SafetensorError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"--against {path}: not an mlaq validate recording ({_one_line(exc)})") from None
+    if (
+        not isinstance(header, dict)
+        or header.get("magic") != _MAGIC
+        or header.get("version") != RECORD_VERSION
+    ):
         raise ValueError(
             f"--against {path}: not an mlaq validate recording of version {RECORD_VERSION}; record it again"
         )
+    try:
+        return _recording(header, arrays)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"--against {path}: the recording is incomplete or damaged ({exc}); record it again"
+        ) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def _recording(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Recording:
     windows = tuple(
         _from_arrays(
             arrays[f"window.{w}.tokens"],

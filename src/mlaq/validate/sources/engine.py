@@ -53,9 +53,11 @@ class EngineSource:
         context = config.resolve_context(model_config.max_position_embeddings)
         needed = config.prompt_len + config.max_tokens + config.num_speculative_tokens
         if needed > context:
+            most = model_config.max_position_embeddings
             raise ValueError(
                 f"--prompt-len {config.prompt_len} + --max-tokens {config.max_tokens} (+ k drafts) = {needed} "
-                f"tokens do not fit the context of {context}; shorten them or raise --context-len"
+                f"tokens do not fit the context of {context}; shorten them"
+                + (f" or raise --context-len (the model takes up to {most})" if most > context else "")
             )
         tokenizer = Tokenizer.from_dir(config.model)
         data = load_eval_text(
