@@ -14,7 +14,7 @@ import mlaq
 ROOT = Path(mlaq.__file__).resolve().parent
 # tiers, lowest first: a module may import its own tier and the ones below, never one above
 ORDER: tuple[tuple[str, ...], ...] = (
-    ("settings", "libc", "progress"),
+    ("settings", "libc", "progress", "outputs"),
     ("bundled",),
     ("formats",),
     ("bmm",),
