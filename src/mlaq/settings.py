@@ -21,6 +21,7 @@ import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 TRUE_SPELLINGS = ("1", "true", "yes", "on")
@@ -63,6 +64,15 @@ def bound_onednn_caches(
         if not env.get(name, "").strip():
             env[name] = str(capacity)
     return {name: env[name] for name in ONEDNN_CACHE_VARIABLES}
+
+
+def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where mlaq builds its C kernel: ``$XDG_CACHE_HOME/mlaq/kernels``, by default
+    ``~/.cache/mlaq/kernels`` (a relative XDG_CACHE_HOME is ignored, as the XDG spec says)."""
+    env = os.environ if environ is None else environ
+    home = env.get("XDG_CACHE_HOME", "")
+    base = Path(home) if os.path.isabs(home) else Path(env.get("HOME") or Path.home()) / ".cache"
+    return base / "mlaq" / "kernels"
 
 
 def serve_api_key(flag: str | None, environ: Mapping[str, str] | None = None) -> str | None:

@@ -24,9 +24,9 @@ them to bf16 before the value sum (bf16 outputs: 0.03 % one bf16 step from the e
 against 35 % for torch's).
 
 The C source ships with the package and is compiled on first use with the C compiler ``compile=True``
-needs anyway (``cc``, ``-O3 -march=native -fopenmp``), into a per-user directory under the system's
-temporary directory keyed by the source, the flags, the compiler and the CPU's feature flags (written
-whole, then renamed);
+needs anyway (``cc``, ``-O3 -march=native -fopenmp``), into ``$XDG_CACHE_HOME/mlaq/kernels`` (a directory
+only the user can write: ``kernel_cache``), keyed by the source, the flags, the compiler and the CPU's
+feature flags (written whole, then renamed);
 OpenMP resolves to torch's own runtime (the one its kernels use), so both share one thread pool.
 Where no compiler works :func:`load_kernel` says why, and ``compile=True`` attends with torch's kernel.
 """
@@ -44,6 +44,11 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from mlaq.model.kernels.kernel_cache import UnsafeKernelCache, check_library, prepare_cache
+from mlaq.settings import kernel_cache_dir
+
+__all__ = ["KernelUnavailable", "MlaKernel", "UnsafeKernelCache", "load_kernel"]
 
 SOURCE = Path(__file__).with_name("csrc") / "mla_kernel.c"
 BMM_SOURCE = SOURCE.with_name("mla_bmm.c")  # the absorbed BMMs in the bf16 scheme's arithmetic, same library
@@ -235,10 +240,14 @@ def _agree(ok: bool, expected: str) -> None:
         raise ValueError(f"mlaq's attention kernel expects {expected}")
 
 
-def load_kernel(compiler: str | None = None, *, march: str = "native") -> MlaKernel:
+def load_kernel(
+    compiler: str | None = None, *, march: str = "native", cache: Path | None = None
+) -> MlaKernel:
     """Build (once per machine and source) and load the kernel; :class:`KernelUnavailable` says why
     not. ``compiler``: the C compiler (default ``cc``, as found on PATH); ``march``: the instruction
-    set it targets (``-march=``; another one gives the same bits, slower: tests build x86-64-v2 / v3)."""
+    set it targets (``-march=``; another one gives the same bits, slower: tests build x86-64-v2 / v3);
+    ``cache``: the kernels directory (default ``settings.kernel_cache_dir()``). A cache someone else could
+    write is :class:`UnsafeKernelCache` (a ValueError: ``compile=True`` stops, it does not fall back)."""
     cc = shutil.which(compiler or "cc")
     if cc is None:
         raise KernelUnavailable(
@@ -249,11 +258,12 @@ def load_kernel(compiler: str | None = None, *, march: str = "native") -> MlaKer
     cpu = _cpu_flags() if march == "native" else ""
     texts = [SOURCE.read_text(), BMM_SOURCE.read_text(), HEADER.read_text()]
     key = hashlib.sha256("\0".join([*texts, *flags, cc, version, cpu]).encode()).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / f"mlaq-kernels-{os.getuid()}"
+    folder = prepare_cache(cache if cache is not None else kernel_cache_dir())
     path = folder / f"mla_kernel-{key}.so"
-    if not path.exists():
-        folder.mkdir(mode=0o700, exist_ok=True)
-        partial = folder / f".{path.name}.{os.getpid()}.tmp"
+    if not (path.exists() or path.is_symlink()):
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)  # 0600, ours alone
+        os.close(fd)
+        partial = Path(name)
         run = subprocess.run(
             [cc, *flags, str(SOURCE), str(BMM_SOURCE), "-o", str(partial), "-lm"],
             capture_output=True,
@@ -264,7 +274,9 @@ def load_kernel(compiler: str | None = None, *, march: str = "native") -> MlaKer
             raise KernelUnavailable(
                 f"{cc} could not build {SOURCE.name} / {BMM_SOURCE.name}:\n{run.stderr.strip()[-2000:]}"
             )
+        os.chmod(partial, 0o700)
         os.replace(partial, path)  # whole or not at all: another process may be loading it
+    check_library(path)
     try:
         library = ctypes.CDLL(str(path))
     except OSError as e:
