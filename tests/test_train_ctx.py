@@ -136,14 +136,15 @@ def test_dense_kv_windows_query_every_fact(tok):
 
 
 def test_long_mix_has_needles_and_many_keys(tok):
-    """--mix long: some kv windows are needles (1-3 facts), others hold more than the dense mix's 64."""
+    """--mix long: a quarter of kv windows are needles (1-3 facts; ~1 in 40 by chance without that share),
+    others hold more than the dense mix's 64."""
     hay = list(range(1000, 30000))
     counts = []
     for seed in range(40):
         w, _ = kv_window(hay, 16384, tok, np.random.default_rng(seed), LONG)
         keys = re.findall(r"[a-z]+(?:_[a-z0-9]+)+", tok.decode([i for i in w if i < 400]))
         counts.append(len(set(keys)))
-    assert min(counts) <= 3 and max(counts) > 64, counts
+    assert sum(c <= 3 for c in counts) >= 5 and max(counts) > 64, counts
 
 
 def test_copy_window_repeats_a_segment(tok):
