@@ -208,7 +208,7 @@ def test_busy_server_is_retried_then_reported(text: Path) -> None:
 def test_timeout(text: Path) -> None:
     with (
         FakeServer(Behaviour(delay=1.0)) as a,
-        pytest.raises(ServerError, match=r"timed out after 0.2 s \(raise --timeout\)"),
+        pytest.raises(ServerError, match=r"no answer within 0.2 s \(--timeout\)"),
     ):
         run_server_validation(_cfg(a, text, timeout=0.2))
 

@@ -24,8 +24,14 @@ class Progress(Protocol):
         """The run finished (``ok``) or failed."""
         ...
 
+    def note(self, line: str) -> None:
+        """One line for the user (e.g. "still waiting"), printed above the bar, never through it."""
+        ...
+
 
 class NullProgress:
+    """No bar; a ``note`` still reaches stderr (a hung server must not look like a hung mlaq)."""
+
     def begin(self, total: int) -> None:
         pass
 
@@ -34,6 +40,9 @@ class NullProgress:
 
     def end(self, ok: bool = True) -> None:
         pass
+
+    def note(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
 
 
 class PlainProgress:
@@ -54,6 +63,9 @@ class PlainProgress:
         line = f"{self.label} [{self.done:>{width}}/{self.total}] {elapsed:4.0f}s  {description}"
         print(line, file=self.stream)
         self.stream.flush()
+
+    def note(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
 
     def end(self, ok: bool = True) -> None:
         word = "done in" if ok else "failed after"
@@ -82,6 +94,9 @@ class RichProgress:
             self._bar.advance(self._task)
         self._started = True
         self._bar.update(self._task, description=description)
+
+    def note(self, line: str) -> None:
+        self._bar.console.print(line, markup=False, highlight=False)  # above the live bar
 
     def end(self, ok: bool = True) -> None:
         if self._task is None:

@@ -45,10 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (default 4)")
     g.add_argument(
-        "--timeout", type=float, default=600.0, metavar="S", help="seconds per request (default 600)"
+        "--timeout",
+        type=float,
+        default=180.0,
+        metavar="S",
+        help="seconds a request may wait for its answer, not retried (default 180: a long prompt's first "
+        "token; a 'still waiting' line every 30 s)",
     )
     g.add_argument(
-        "--retries", type=int, default=3, metavar="N", help="retries of a failed request (default 3)"
+        "--retries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="retries of a refused or unreachable request (default 3)",
     )
 
 

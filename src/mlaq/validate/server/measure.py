@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from mlaq.validate.progress import NullProgress, Progress
 from mlaq.validate.server import tasks as server_tasks
+from mlaq.validate.server import tokenizers
 from mlaq.validate.server.client import Unsupported
 from mlaq.validate.server.config import ServerValidateConfig
 from mlaq.validate.server.protocol import Greedy
@@ -58,13 +59,15 @@ def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -
     progress = progress or NullProgress()
     t0 = time.perf_counter()
     recorded = load_recording(cfg.against) if cfg.against else None
-    cand = ServerTarget(cfg.server, model=cfg.model, tokenizer=cfg.tokenizer)
+    note = getattr(progress, "note", None)  # "still waiting" lines, above the bar
+    cand = ServerTarget(cfg.server, model=cfg.model, tokenizer=cfg.tokenizer, note=note)
     ref = None
     if cfg.reference is not None:
-        ref = ServerTarget(cfg.reference, model=cfg.reference_model, tokenizer=cfg.tokenizer)
+        ref = ServerTarget(cfg.reference, model=cfg.reference_model, tokenizer=cfg.tokenizer, note=note)
     try:
         ident = cand.probe()
         ref_ident = ref.probe() if ref else None
+        tokenizer = _check_tokenizers(cfg, cand, ref, recorded)  # before measuring: same ids, same text
         inputs = _inputs(cfg, cand, ref_ident.max_model_len if ref_ident else None, recorded)
         targets = [(cand, Side(ident.to_json()))]
         if ref is not None and ref_ident is not None:
@@ -97,7 +100,7 @@ def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -
     candidate = targets[0][1]
     reference = targets[1][1] if len(targets) > 1 else _recorded_side(recorded) if recorded else None
     if cfg.record is not None:
-        _record(cfg, candidate, inputs)
+        _record(cfg, candidate, inputs, tokenizer)
     record = None if suite is None else suite.record()
     return Sides(candidate, reference, inputs, time.perf_counter() - t0, record)
 
@@ -234,7 +237,36 @@ def _recorded_side(rec: Recording) -> Side:
     return side
 
 
-def _record(cfg: ServerValidateConfig, side: Side, inputs: Inputs) -> None:
+def _check_tokenizers(
+    cfg: ServerValidateConfig, cand: ServerTarget, ref: ServerTarget | None, rec: Recording | None
+) -> dict[str, Any]:
+    """Fingerprint every tokenizer in play and stop (one line) when two differ; tells the targets where
+    their token ids come from (for the out-of-vocabulary hint); the fingerprint to record."""
+    prints = [tokenizers.of_server(t.client, t.model) for t in (cand, ref) if t is not None]
+    if cfg.tokenizer is not None:
+        prints.append(tokenizers.of_local(cfg.tokenizer))
+    recorded = tokenizers.Fingerprint.from_json(
+        f"the recording {cfg.against}", (rec.header if rec else {}).get("tokenizer")
+    )
+    if recorded is not None:
+        prints.append(recorded)
+    tokenizers.check_same(prints)
+    if rec is not None:
+        ids_from = f"the recording {cfg.against}"
+    else:
+        ids_from = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else f"{cand.client.config.base}/tokenize"
+    for t in (cand, ref):
+        if t is not None:
+            t.ids_from = ids_from
+    local = prints[-1] if cfg.tokenizer is not None else None
+    own = prints[0]
+    return {
+        "vocab_size": own.vocab_size if own.vocab_size is not None else local and local.vocab_size,
+        "probe_ids": list(own.probe_ids or (local.probe_ids if local else None) or []) or None,
+    }
+
+
+def _record(cfg: ServerValidateConfig, side: Side, inputs: Inputs, tokenizer: dict[str, Any]) -> None:
     if side.windows is None or side.generations is None:
         raise ValueError(f"--record {cfg.record}: nothing to record ({side.errors})")
     s = side.acceptance
@@ -255,6 +287,7 @@ def _record(cfg: ServerValidateConfig, side: Side, inputs: Inputs) -> None:
         },
         "eval_text": inputs.eval_text,
         "acceptance": acc,
+        "tokenizer": tokenizer,
     }
     assert cfg.record is not None
     save_recording(

@@ -9,7 +9,7 @@ ids, never text, so both servers of an A/B see exactly the same input.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,14 +53,20 @@ class ServerTarget:
     """One server. ``model``: the served model name (default: the first of /v1/models)."""
 
     def __init__(
-        self, config: ClientConfig, *, model: str | None = None, tokenizer: Path | None = None
+        self,
+        config: ClientConfig,
+        *,
+        model: str | None = None,
+        tokenizer: Path | None = None,
+        note: Callable[[str], None] | None = None,
     ) -> None:
-        self.client = HttpClient(config)
+        self.client = HttpClient(config, note)
         self._model = model
         self._tokenizer_path = tokenizer
         self._local_tokenizer: Any = None
         self._tf_mode: str | None = None
         self._extras = True  # the server accepts vLLM's extra request fields
+        self.ids_from: str | None = None  # who made the token ids sent (named when the server refuses them)
         self.identity: Identity | None = None
 
     def close(self) -> None:
@@ -220,6 +226,19 @@ class ServerTarget:
         return Greedy(tuple(self.tokenize(text)), metrics, ids_from_text=True)
 
     def _completion(self, prompt: list[int], **fields: Any) -> Any:
+        try:
+            return self._complete(prompt, **fields)
+        except ServerError as exc:
+            words = ("outside the vocabulary", "out of vocabulary", "out-of-vocab", "out of vocab")
+            if self.ids_from is None or not any(w in str(exc).lower() for w in words):
+                raise
+            raise ServerError(
+                f"{exc}; the token ids were made by {self.ids_from}: most likely another model's tokenizer "
+                "(give --tokenizer of the served model, or compare servers of the same model)",
+                exc.status,
+            ) from None
+
+    def _complete(self, prompt: list[int], **fields: Any) -> Any:
         body = {"model": self.model, "prompt": prompt, "temperature": 0.0, **fields}
         if self._extras:
             try:
