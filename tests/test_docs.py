@@ -4,6 +4,7 @@ that resolve, CI that runs the README's test command, and no text about how the 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,21 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.MULTILINE)
 
 
+def tracked_files(folder: str) -> list[Path]:
+    """The files git tracks under ``folder`` (build outputs and egg-info are not the project's text); every
+    file there when this is not a git checkout."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", folder], cwd=ROOT, capture_output=True, check=True)
+        return [ROOT / name for name in out.stdout.decode().split("\0") if name]
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(p for p in (ROOT / folder).rglob("*") if "__pycache__" not in p.parts)
+
+
 def user_facing_files() -> list[Path]:
     files = [ROOT / name for name in ("README.md", "CHANGELOG.md", "Makefile", "pyproject.toml")]
     for folder in USER_FACING_DIRS:
-        files += [p for p in sorted((ROOT / folder).rglob("*")) if p.is_file() and p.suffix in TEXT_SUFFIXES]
-    return [p for p in files if p.exists() and "__pycache__" not in p.parts]
+        files += [p for p in tracked_files(folder) if p.suffix in TEXT_SUFFIXES]
+    return [p for p in files if p.is_file()]
 
 
 def markdown_with_links() -> list[Path]:
