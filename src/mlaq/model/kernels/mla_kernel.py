@@ -45,10 +45,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mlaq.model.kernels.kernel_cache import UnsafeKernelCache, check_library, prepare_cache
+from mlaq.model.kernels.kernel_cache import check_library, prepare_cache
 from mlaq.settings import kernel_cache_dir
-
-__all__ = ["KernelUnavailable", "MlaKernel", "UnsafeKernelCache", "load_kernel"]
 
 SOURCE = Path(__file__).with_name("csrc") / "mla_kernel.c"
 BMM_SOURCE = SOURCE.with_name("mla_bmm.c")  # the absorbed BMMs in the bf16 scheme's arithmetic, same library
@@ -247,7 +245,7 @@ def load_kernel(
     not. ``compiler``: the C compiler (default ``cc``, as found on PATH); ``march``: the instruction
     set it targets (``-march=``; another one gives the same bits, slower: tests build x86-64-v2 / v3);
     ``cache``: the kernels directory (default ``settings.kernel_cache_dir()``). A cache someone else could
-    write is :class:`UnsafeKernelCache` (a ValueError: ``compile=True`` stops, it does not fall back)."""
+    write is :class:`~mlaq.model.kernels.kernel_cache.UnsafeKernelCache` (a ValueError: ``compile=True`` stops, it does not fall back)."""
     cc = shutil.which(compiler or "cc")
     if cc is None:
         raise KernelUnavailable(

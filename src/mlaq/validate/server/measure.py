@@ -67,7 +67,7 @@ def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -
     try:
         ident = cand.probe()
         ref_ident = ref.probe() if ref else None
-        tokenizer = _check_tokenizers(cfg, cand, ref, recorded)  # before measuring: same ids, same text
+        tokenizer = tokenizers.check_all(cfg, cand, ref, recorded)  # before measuring: same ids, same text
         inputs = _inputs(cfg, cand, ref_ident.max_model_len if ref_ident else None, recorded)
         targets = [(cand, Side(ident.to_json()))]
         if ref is not None and ref_ident is not None:
@@ -235,35 +235,6 @@ def _recorded_side(rec: Recording) -> Side:
     side.generations = [Greedy(g, None, top=t) for g, t in zip(rec.generations, tops, strict=True)]
     side.acceptance, side.acceptance_source = stats, "recording" if stats else None
     return side
-
-
-def _check_tokenizers(
-    cfg: ServerValidateConfig, cand: ServerTarget, ref: ServerTarget | None, rec: Recording | None
-) -> dict[str, Any]:
-    """Fingerprint every tokenizer in play and stop (one line) when two differ; tells the targets where
-    their token ids come from (for the out-of-vocabulary hint); the fingerprint to record."""
-    prints = [tokenizers.of_server(t.client, t.model) for t in (cand, ref) if t is not None]
-    if cfg.tokenizer is not None:
-        prints.append(tokenizers.of_local(cfg.tokenizer))
-    recorded = tokenizers.Fingerprint.from_json(
-        f"the recording {cfg.against}", (rec.header if rec else {}).get("tokenizer")
-    )
-    if recorded is not None:
-        prints.append(recorded)
-    tokenizers.check_same(prints)
-    if rec is not None:
-        ids_from = f"the recording {cfg.against}"
-    else:
-        ids_from = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else f"{cand.client.config.base}/tokenize"
-    for t in (cand, ref):
-        if t is not None:
-            t.ids_from = ids_from
-    local = prints[-1] if cfg.tokenizer is not None else None
-    own = prints[0]
-    return {
-        "vocab_size": own.vocab_size if own.vocab_size is not None else local and local.vocab_size,
-        "probe_ids": list(own.probe_ids or (local.probe_ids if local else None) or []) or None,
-    }
 
 
 def _record(cfg: ServerValidateConfig, side: Side, inputs: Inputs, tokenizer: dict[str, Any]) -> None:

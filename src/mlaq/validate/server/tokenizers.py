@@ -84,3 +84,31 @@ def _difference(a: Fingerprint, b: Fingerprint) -> str | None:
     if a.probe_ids is not None and b.probe_ids is not None and a.probe_ids != b.probe_ids:
         return f"a probe text becomes {len(a.probe_ids)} and {len(b.probe_ids)} different ids"
     return None
+
+
+def check_all(cfg: Any, cand: Any, ref: Any, rec: Any) -> dict[str, Any]:
+    """Fingerprint every tokenizer in play (``cfg``: the ServerValidateConfig; ``cand`` / ``ref``: the
+    ServerTargets, probed; ``rec``: the --against Recording or None) and stop (one line) when two differ;
+    tells the targets where their token ids come from (for the out-of-vocabulary hint); returns the
+    fingerprint a recording keeps."""
+    local = of_local(cfg.tokenizer) if cfg.tokenizer is not None else None
+    prints = [of_server(t.client, t.model) for t in (cand, ref) if t is not None]
+    prints += [local] if local is not None else []
+    recorded = Fingerprint.from_json(
+        f"the recording {cfg.against}", (rec.header if rec else {}).get("tokenizer")
+    )
+    if recorded is not None:
+        prints.append(recorded)
+    check_same(prints)
+    if rec is not None:
+        ids_from = f"the recording {cfg.against}"
+    else:
+        ids_from = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else f"{cand.client.config.base}/tokenize"
+    for t in (cand, ref):
+        if t is not None:
+            t.ids_from = ids_from
+    own = prints[0]
+    return {
+        "vocab_size": own.vocab_size if own.vocab_size is not None else local and local.vocab_size,
+        "probe_ids": list(own.probe_ids or (local.probe_ids if local else None) or []) or None,
+    }
