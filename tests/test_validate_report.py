@@ -148,7 +148,7 @@ def test_engine_report_renders_verdict_tasks_and_flips(report) -> None:
     assert {"accuracy", "ci_low", "ci_high", "n"} <= set(report["reference"]["tasks"]["needle"]["160"])
     assert set(report["schemes"]["mxfp4"]["flip_rate"]["0"]) == {str(b[1]) for b in report["buckets"]}
     head = format_plain(report).splitlines()[0]
-    assert head.rstrip().endswith("mean len  needle @240")
+    assert head.split()[-5:] == ["len", "needle", "@240", "verdict", "MDE"]
 
 
 def _hand_report():
@@ -212,9 +212,13 @@ def test_hand_report_tables_have_the_figures() -> None:
     assert "| 0 | retrieval flip | 0.00 % (4) | 25.00 % (8) |" in md
     assert "| 0 | TV | 2.00e-03 | 8.00e-03 |" in md and "≤ 8 keys" in md
     plain = format_plain(r).splitlines()
-    assert plain[0].rstrip().endswith("needle @1024  copy @1024")
-    assert plain[2].split()[-4:] == ["100", "%", "100", "%"]  # bf16: needle, copy at 1024
-    assert plain[3].split()[-4:] == ["50", "%", "100", "%"]  # mxfp4
+    assert plain[0].split()[-6:] == ["needle", "@1024", "copy", "@1024", "verdict", "MDE"]
+    assert plain[2].split()[-6:] == ["100", "%", "100", "%", "—", "—"]  # bf16: needle, copy at 1024
+    assert plain[3].split()[-3:] == ["degraded", f"{100 * mde:.0f}", "pts"] and " 50 % " in plain[3]  # mxfp4
+    # the terminal output ends with one line per scheme: its verdict and why
+    out = io.StringIO()
+    print_summary(r, out, use_rich=False)
+    assert "mxfp4: degraded — mean KL 1.00e+00 nats > 0.01" in out.getvalue()
 
 
 def test_task_plots_from_the_hand_report(tmp_path) -> None:

@@ -58,6 +58,36 @@ def test_scores_read_the_positions_that_predict_the_answer() -> None:
     assert all(not x.correct and x.logprob == pytest.approx(-math.log(V)) for x in scores["uniform"])
 
 
+class _Counting(_Fake):
+    """An oracle that counts its prefills and checks that no earlier batch's cache is still alive."""
+
+    def __init__(self, alive: list) -> None:
+        super().__init__("next")
+        self.alive = alive
+        self.prefills = 0
+
+    def prefill(self, ids, cache, logits_index=None):
+        import gc
+        import weakref
+
+        gc.collect()
+        assert all(r() is None for r in self.alive), "an earlier batch's cache is still held"
+        self.alive.append(weakref.ref(cache))
+        self.prefills += 1
+
+
+def test_one_prefill_per_batch_shared_by_the_schemes_and_memory_bounded() -> None:
+    s = samples()
+    groups = len(batches(s, 400))
+    model = _Counting([])
+    scores = score_variants(s, ["a", "b", "c"], lambda v: model, lambda v: 0, batch_tokens=400)
+    assert model.prefills == groups  # one prefill per batch, whatever the number of schemes
+    assert all(x.correct for v in scores for x in scores[v]) and len(scores["c"]) == len(s)
+    model = _Counting([])
+    score_variants(s, ["a", "b", "c"], lambda v: model, lambda v: v, batch_tokens=400)
+    assert model.prefills == 3 * groups  # distinct keys (consistent precision): one prefill each
+
+
 def test_batches_group_equal_lengths() -> None:
     s = samples(lengths=(230, 250), n=3)
     groups = batches(s, batch_tokens=500)
@@ -142,3 +172,25 @@ def test_flip_rate_zero_against_itself_and_positive_under_mxfp4(model) -> None:
     flips = [attention_flips(model, ref) for ref in refs]
     assert any(f.flipped.any() for f in flips) and all(float(f.tv.max()) > 0 for f in flips)
     _prepare(model, "bf16")
+
+
+def test_model_pool_reinstalls_a_schemes_weights_without_requantizing(tmp_path) -> None:
+    """Switching back to a scheme installs the weights prepared the first time (the task suite switches
+    schemes once per batch): same objects, same outputs as a fresh prepare."""
+    from mlaq.model import ModelCache
+    from mlaq.validate.config import ValidateConfig, Variant, VariantKind
+    from mlaq.validate.variants import ModelPool
+
+    path = tiny_checkpoint(tmp_path)
+    pool = ModelPool(ValidateConfig(model=path, eval_text=path / "heldout.txt"))
+    mx = Variant("mxfp4", VariantKind.SCHEME, torch.bfloat16, "mxfp4")
+    bf = Variant("bf16", VariantKind.SCHEME, torch.bfloat16, "bf16")
+    model = pool.model(mx)
+    first = [layer.self_attn.absorbed.w_uk for layer in model.model.layers]
+    ids = torch.tensor([encode(eval_text())[:40]])
+    want = model.decode(ids, ModelCache()).logits
+    assert pool.model(bf).model.layers[0].self_attn.absorbed.scheme_uk.name == "bf16"
+    again = pool.model(mx)
+    assert [layer.self_attn.absorbed.w_uk for layer in again.model.layers] == first  # not re-quantized
+    assert all(layer.self_attn.absorbed.scheme_uk.name == "mxfp4" for layer in again.model.layers)
+    assert torch.equal(again.decode(ids, ModelCache()).logits, want)

@@ -11,6 +11,7 @@ from mlaq.validate.tasks.spec import (
     default_lengths,
     parse_depths,
     parse_ints,
+    parse_samples,
     parse_tasks,
 )
 
@@ -133,6 +134,10 @@ def test_bpe_tokenizer_of_the_bundled_model() -> None:
         (lambda: parse_ints("--lengths", "0"), "positive integers"),
         (lambda: TaskConfig(samples=0), "--task-samples must be at least 1, got 0"),
         (lambda: TaskConfig(pairs=8), "at least 16 key-value pairs"),
+        (lambda: parse_samples("many"), "expected a number such as 20 or per task"),
+        (lambda: parse_samples("needle=32,hay=4"), "unknown task 'hay'"),
+        (lambda: parse_samples("needle=x"), "'needle=x' needs a whole number"),
+        (lambda: TaskConfig(per_task=(("needle", 0),)), "--task-samples must be at least 1"),
         (lambda: TaskConfig(lengths=(512, 8192)).check_context(2048, "m"), "exceed m's context of 2048"),
         (lambda: make_sample("multikey", 300, 0, TaskConfig(), HAY, encode), "too short for task multikey"),
         (lambda: Haystack("empty.txt", ()), "haystack empty.txt is empty"),
@@ -144,7 +149,18 @@ def test_bad_inputs(call, message) -> None:
     assert message in str(err.value)
 
 
+def test_samples_per_task() -> None:
+    assert parse_samples("20") == (20, ())
+    samples, per = parse_samples("needle=64,copy=8")
+    cfg = TaskConfig(samples=samples, per_task=per)
+    assert [cfg.samples_of(t) for t in ("needle", "multikey", "copy", "vartrack")] == [64, 32, 8, 4]
+    drawn = build_samples(
+        TaskConfig(tasks=("needle", "copy"), lengths=(1500,), per_task=(("copy", 2),), samples=3), HAY, encode
+    )
+    assert [s.task for s in drawn] == ["needle"] * 3 + ["copy"] * 2
+
+
 def test_default_lengths_follow_the_context() -> None:
-    assert default_lengths(2048) == (512, 1024, 2048)
-    assert default_lengths(163840) == (512, 1024, 2048, 4096)
+    assert default_lengths(2048) == (2048,)
+    assert default_lengths(163840) == (4096,)  # capped: CPU emulation
     assert default_lengths(256) == (256,)

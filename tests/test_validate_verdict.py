@@ -54,8 +54,52 @@ def test_too_few_samples_is_inconclusive_and_says_how_many() -> None:
 
 def test_reference_that_cannot_do_the_task_is_inconclusive() -> None:
     v = verdict(scheme({"multikey": {"2048": cell(500, 0, 0, 0, 0)}}), REF, 8)
-    assert v["verdict"] == "inconclusive" and "bf16 answers 0 %" in v["reasons"][0]
+    assert v["verdict"] == "inconclusive"
+    assert v["reasons"] == ["no task is measurable on this model: multikey at 2048 (bf16 0 %, n=500)"]
     assert verdict(scheme({}), REF, 8)["reasons"] == ["no long-context task ran"]
+
+
+def test_a_task_bf16_cannot_do_is_not_measurable_and_the_verdict_rests_on_the_others() -> None:
+    cells = {
+        "needle": {"4096": cell(2000, 1900, 1899, 4, 3)},
+        "copy": {"1024": cell(4, 1, 1, 0, 0), "4096": cell(4, 0, 0, 0, 0)},  # bf16 0-25 %: no drop can show
+        "vartrack": {"4096": cell(40, 2, 0, 2, 0)},  # bf16 5 %
+    }
+    v = verdict(scheme(cells), REF, 8)
+    assert v["verdict"] == "ok", v
+    assert v["measured_tasks"] == ["needle at 4096"]
+    assert v["not_measurable"] == ["copy at 4096 (bf16 0 %, n=4)", "vartrack at 4096 (bf16 5 %, n=40)"]
+    assert "not measurable on this model: copy at 4096 (bf16 0 %, n=4)" in v["reason"]
+    assert v["reason"].startswith("no drop on needle at 4096")
+    # the smallest detectable drop is the measured tasks' (copy's n=4 would detect nothing)
+    assert v["min_detectable_drop"] == pytest.approx(min_detectable_drop(2000, 0.95))
+
+
+def test_a_shorter_length_bf16_can_do_is_measured_instead() -> None:
+    cells = {"needle": {"1024": cell(2000, 1900, 1900, 3, 3), "4096": cell(10, 0, 0, 0, 0)}}
+    v = verdict(scheme(cells), REF, 8)
+    assert v["verdict"] == "ok" and v["measured_tasks"] == ["needle at 1024"]
+
+
+@pytest.mark.parametrize(
+    ("n", "lp", "status", "reason"),
+    [
+        (32, (-0.01, -0.05, 0.02), "ok", "answer log-prob within 0.1 nats of bf16"),
+        (32, (-0.05, -0.3, 0.1), "inconclusive", "reaches below -0.1"),  # not equivalent, not degraded
+        (10, (-0.01, -0.05, 0.02), "inconclusive", "--task-samples"),  # too few for the bootstrap route
+    ],
+)
+def test_answer_logprob_equivalence_gives_ok_where_exact_match_has_no_power(n, lp, status, reason) -> None:
+    c = cell(n, n, n, 0, 0, lp=lp)  # bf16 and the scheme always right: MDE 6 / n > 0.05
+    assert c["min_detectable_drop"] > 0.05
+    v = verdict(scheme({"needle": {"4096": c}, "multikey": {"4096": c}}), REF, 8)
+    assert v["verdict"] == status, v
+    assert any(reason in r for r in v["reasons"]), v["reasons"]
+    if status == "ok":
+        assert v["reason"] == (
+            "no drop on needle at 4096, multikey at 4096 (accuracy drops >= 19 pts excluded, "
+            "answer log-prob equivalent)"
+        )
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,6 @@ _SIZES = (
     ("--max-tokens", "max_tokens", d.MAX_TOKENS, "tokens generated per prompt"),
     ("--ngram", "ngram", d.NGRAM, "n of the repeated n-gram share"),
     ("--flip-rows", "flip_rows", d.FLIP_ROWS, "query rows per window and layer for the attention flip rate"),
-    ("--task-samples", "task_samples", d.TASK_SAMPLES, "long-context task samples per task and length"),
 )
 _ALL_TASKS = "needle,multikey,copy,vartrack"
 
@@ -87,7 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lengths",
         metavar="N,N,...",
-        help="task lengths in tokens (default: 512,1024,2048,4096 up to the model's context)",
+        help="task lengths in tokens (default: the model's context, at most 4096)",
+    )
+    parser.add_argument(
+        "--task-samples",
+        metavar="N|TASK=N,...",
+        help="long-context task samples per length: N for every task, or per task such as needle=64,copy=8 "
+        f"(default {d.TASK_SAMPLES})",
     )
     parser.add_argument(
         "--needle-depths", metavar="D,D,...", help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"
@@ -190,19 +195,15 @@ def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported l
 
 
 def task_config(args: argparse.Namespace):  # -> TaskConfig | None
-    from mlaq.validate.tasks.spec import DEFAULT_DEPTHS, TaskConfig, parse_depths, parse_ints, parse_tasks
+    from mlaq.validate.tasks import spec
 
-    depths = parse_depths(args.needle_depths) if args.needle_depths is not None else DEFAULT_DEPTHS
-    lengths = parse_ints("--lengths", args.lengths) if args.lengths is not None else None
+    depths = spec.parse_depths(args.needle_depths) if args.needle_depths is not None else spec.DEFAULT_DEPTHS
+    lengths = spec.parse_ints("--lengths", args.lengths) if args.lengths is not None else None
     if args.tasks.strip() == "none":
         return None
-    return TaskConfig(
-        tasks=parse_tasks(args.tasks),
-        lengths=lengths,
-        samples=args.task_samples,
-        depths=depths,
-        seed=args.seed,
-    )
+    samples, per_task = spec.parse_samples(args.task_samples or d.TASK_SAMPLES)
+    tasks = spec.parse_tasks(args.tasks)
+    return spec.TaskConfig(tasks, lengths, samples, per_task, depths=depths, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,12 +65,15 @@ def verdict_exit_code(report: dict[str, Any], fail_on: str | None) -> int:
 
 def server_notes(report: dict[str, Any]) -> list[str] | None:
     """Under the table of a run against servers: llama.cpp's KL list of each candidate, the decode path,
-    and what a server could not measure (None when the report names no servers)."""
+    the KL estimators (each figure named by the one it comes from), and what a server could not measure
+    (None when the report names no servers)."""
     servers = report["model"].get("servers")
     if servers is None:
         return None
-    from mlaq.validate.kld import format_kld_statistics
+    from mlaq.validate.kld import format_kld_statistics, pm
+    from mlaq.validate.topk_kl import estimate_words
 
+    k = report["config"]["logprobs"]
     lines = []
     for name, v in report["schemes"].items():
         d = v.get("decode") or {}
@@ -78,22 +81,55 @@ def server_notes(report: dict[str, Any]) -> list[str] | None:
             lines += [
                 "",
                 f"{name}: decode path (greedy positions with equal contexts, n={d['n']}): mean KLD "
-                f"{d['kld']['mean']:.6f} ± {d['kld']['uncertainty']:.6f}, max {d['kld']['max']:.6f}, "
-                f"same top p {100 * d['top1_agreement']:.3f} %",
+                f"{d['kld']['mean']:.6f} {pm(d['kld']['uncertainty'], d['n'], '.6f')}, max {d['kld']['max']:.6f}, "
+                f"same top p {100 * d['top1_agreement']:.3f} % (KL: {estimate_words(d['kl_estimator'], k)})",
             ]
         stats = (v.get("kld_stats") or {}).get("all")
         if stats:
             lines += ["", f"====== {name}: KL divergence statistics (llama.cpp's list) ======"]
             lines += format_kld_statistics(stats)
             est = v.get("kl_estimator") or {}
+            note = f"(KL: {estimate_words(est, k)}"
             if not est.get("exact", True):
-                lines.append(
-                    f"(top-{report['config']['logprobs']} estimate, a lower bound: reference mass outside the "
-                    f"shared top-k set mean {est['mass_outside_mean']:.1e}, max {est['mass_outside_max']:.1e})"
+                note += (
+                    f"; reference mass outside the shared top-k set mean {est['mass_outside_mean']:.1e}, "
+                    f"max {est['mass_outside_max']:.1e}"
                 )
+            lines.append(note + ")")
+        lines += _mc_lines(name, v.get("mc_kl"), k)
     for side, s in servers.items():
         for what, msg in (s or {}).get("errors", {}).items():
             lines.append(f"{side}: {what}: {msg}")
         for msg in (s or {}).get("warnings", []):
             lines.append(f"{side}: warning: {msg}")
     return lines
+
+
+def _mc_lines(name: str, m: dict[str, Any] | None, k: int) -> list[str]:
+    """--mc-kl's figures, each named by its estimator."""
+    if not m:
+        return []
+    from mlaq.validate.topk_kl import logprobs_label
+
+    def fig(e: dict[str, Any]) -> str:
+        ci = e["ci"]
+        return f"{e['kl']:.4f} " + (
+            "[95 % CI n/a: too few continuations]" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
+        )
+
+    k1, k3 = m["k1"], m["k3"]
+    words = (
+        "exact"
+        if m["topk_is_exact"]
+        else f"a lower bound; exact at {100 * m['topk_exact_share']:.1f} % of them"
+    )
+    topk = (
+        ""
+        if m["topk_kl"] is None
+        else f"; {logprobs_label(k)} KL at the same positions {m['topk_kl']:.4f} ({words})"
+    )
+    return [
+        "",
+        f"{name}: KL(reference || candidate) by Monte Carlo over {k1['sequences']} sampled continuations "
+        f"({k1['positions']} tokens): k1 (log-ratio) {fig(k1)}, k3 ((r - 1) - log r) {fig(k3)} nats/token{topk}",
+    ]

@@ -43,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="top-k logprobs per position (default 20; -1: all)",
     )
+    g.add_argument(
+        "--mc-kl",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also estimate KL without top-k truncation: N continuations sampled from --reference at "
+        "temperature 1, scored on both servers (Monte-Carlo k1 / k3 with a bootstrap 95 %% interval)",
+    )
     g.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (default 4)")
     g.add_argument(
         "--timeout",
@@ -104,5 +112,6 @@ def source_from_args(args: argparse.Namespace, tasks: Callable[[], Any]):  # -> 
             ngram=args.ngram,
             seed=args.seed,
             tasks=None if args.against else tasks(),
+            mc_kl=args.mc_kl,
         )
     )

@@ -16,4 +16,4 @@ MAX_TOKENS = 64
 NUM_SPECULATIVE_TOKENS = 3
 NGRAM = 4
 FLIP_ROWS = 256  # query rows per window and layer for the attention flip rate
-TASK_SAMPLES = 2  # long-context task samples per task and length in the default run
+TASK_SAMPLES = "needle=32,multikey=32,copy=4,vartrack=4"  # per task at the full context (tasks/spec.py)

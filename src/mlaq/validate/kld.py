@@ -117,23 +117,35 @@ def kld_statistics_by_bucket(
     return out
 
 
+MIN_N_UNCERTAINTY = 10  # fewer positions: no standard error is printed (it would be noise: "± n/a")
+
+
+def pm(uncertainty: float, n: int, fmt: str) -> str:
+    """``± 1.2e-03``, or ``± n/a`` below ``MIN_N_UNCERTAINTY`` positions."""
+    return "± n/a" if n < MIN_N_UNCERTAINTY else f"± {uncertainty:{fmt}}"
+
+
 def format_kld_statistics(stats: dict[str, Any]) -> list[str]:
     """The llama.cpp summary lines (its labels and units: KLD in nats, Δp and same top p in %)."""
     k, dp, st = stats["kld"], stats["delta_p"], stats["same_top_p"]
-    lines = [f"Mean    KLD: {k['mean']:10.6f} ± {k['uncertainty']:10.6f}", f"Maximum KLD: {k['max']:10.6f}"]
+    n = stats["n"]
+    lines = [
+        f"Mean    KLD: {k['mean']:10.6f} {pm(k['uncertainty'], n, '10.6f')}",
+        f"Maximum KLD: {k['max']:10.6f}",
+    ]
     for f in KLD_QUANTILES[:4]:
         lines.append(f"{100 * f:4.1f}%   KLD: {k['quantiles'][_label(f)]:10.6f}")
     lines.append(f"Median  KLD: {k['median']:10.6f}")
     for f in KLD_QUANTILES[4:]:
         lines.append(f"{100 * f:4.1f}%   KLD: {k['quantiles'][_label(f)]:10.6f}")
     lines.append(f"Minimum KLD: {k['min']:10.6f}")
-    lines.append(f"Mean    Δp: {100 * dp['mean']:6.3f} ± {100 * dp['uncertainty']:5.3f} %")
+    lines.append(f"Mean    Δp: {100 * dp['mean']:6.3f} {pm(100 * dp['uncertainty'], n, '5.3f')} %")
     lines.append(f"Maximum Δp: {100 * dp['max']:6.3f}%")
     for f in DELTA_P_QUANTILES:
         if f == 0.25:
             lines.append(f"Median  Δp: {100 * dp['median']:6.3f}%")
         lines.append(f"{100 * f:4.1f}%   Δp: {100 * dp['quantiles'][_label(f)]:6.3f}%")
     lines.append(f"Minimum Δp: {100 * dp['min']:6.3f}%")
-    lines.append(f"RMS Δp    : {100 * dp['rms']:6.3f} ± {100 * dp['rms_uncertainty']:5.3f} %")
-    lines.append(f"Same top p: {100 * st['value']:6.3f} ± {100 * st['standard_error']:5.3f} %")
+    lines.append(f"RMS Δp    : {100 * dp['rms']:6.3f} {pm(100 * dp['rms_uncertainty'], n, '5.3f')} %")
+    lines.append(f"Same top p: {100 * st['value']:6.3f} {pm(100 * st['standard_error'], n, '5.3f')} %")
     return lines

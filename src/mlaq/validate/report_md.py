@@ -246,7 +246,7 @@ def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     """The whole report.md."""
     if r.get("source") == "server":  # no weights: no arithmetic, per-op or per-layer figures
         lines = sections.server_header(r) + _summary(r) + tasks.verdict_section(r) + sections.server_notes(r)
-        lines += sections.decode_section(r) + sections.kld_section(r)
+        lines += sections.decode_section(r) + sections.mc_kl_section(r) + sections.kld_section(r)
         lines += _by_bucket(r)
     else:
         lines = _header(r) + _summary(r) + tasks.verdict_section(r)

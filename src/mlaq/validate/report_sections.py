@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mlaq.validate.kld import format_kld_statistics
+from mlaq.validate.kld import format_kld_statistics, pm
 from mlaq.validate.summary import caption, format_markdown, variants
+from mlaq.validate.topk_kl import estimate_words, logprobs_label
 
 
 def _pct(x: float | None, digits: int = 2) -> str:
@@ -111,15 +112,60 @@ def decode_section(r: dict[str, Any]) -> list[str]:
             [
                 label,
                 str(d["n"]),
-                f"{k['mean']:.2e} ± {k['uncertainty']:.1e}",
+                f"{k['mean']:.2e} {pm(k['uncertainty'], d['n'], '.1e')}",
                 f"{k['median']:.2e}",
                 f"{k['quantiles']['99']:.2e}",
                 f"{k['max']:.2e}",
                 f"{100 * d['top1_agreement']:.2f} %",
-                "exact" if est["exact"] else f"top-k, mass outside {est['mass_outside_mean']:.1e}",
+                estimate_words(est, r["config"].get("logprobs", -1))
+                + ("" if est["exact"] else f", mass outside {est['mass_outside_mean']:.1e}"),
             ]
         )
     return [*lines, *_table(head, body), ""]
+
+
+def mc_kl_section(r: dict[str, Any]) -> list[str]:
+    """--mc-kl: the Monte-Carlo KL estimators beside the top-k figure at the same positions."""
+    rows = [(label, v["mc_kl"]) for label, v in variants(r) if v.get("mc_kl")]
+    if not rows:
+        return []
+    k = r["config"].get("logprobs", -1)
+    lines = [
+        "## KL without top-k truncation (Monte Carlo)",
+        "",
+        "Continuations sampled from the reference at temperature 1, the same tokens scored teacher-forced on "
+        "both servers; with r = q(x) / p(x) of each sampled token, **k1** = -log r and **k3** = (r - 1) - "
+        "log r are both unbiased estimates of KL(reference ‖ candidate) per token (k3 >= 0, lower variance). "
+        "Intervals: bootstrap 95 % over continuations (n/a below "
+        f"{rows[0][1]['min_sequences']} continuations). Beside them, the {logprobs_label(k)} figure at the "
+        "same positions: exact only when every position returned whole distributions, else a lower bound.",
+        "",
+    ]
+    body = []
+    for label, m in rows:
+        k1, k3 = m["k1"], m["k3"]
+        topk = m.get("topk_kl")
+        words = (
+            "exact"
+            if m.get("topk_is_exact")
+            else f"lower bound, exact at {100 * m['topk_exact_share']:.1f} %"
+        )
+        body.append(
+            [
+                label,
+                f"{k1['sequences']} / {k1['positions']}",
+                _mc(k1),
+                _mc(k3),
+                "—" if topk is None else f"{topk:.3e} ({words})",
+            ]
+        )
+    head = ["candidate", "continuations / tokens", "k1 [95 % CI]", "k3 [95 % CI]", f"{logprobs_label(k)} KL"]
+    return [*lines, *_table(head, body), ""]
+
+
+def _mc(e: dict[str, Any]) -> str:
+    ci = e.get("ci")
+    return f"{e['kl']:.3e} " + ("[n/a]" if ci is None else f"[{ci[0]:.3e}, {ci[1]:.3e}]")
 
 
 def kld_section(r: dict[str, Any]) -> list[str]:
@@ -146,7 +192,8 @@ def kld_section(r: dict[str, Any]) -> list[str]:
         est = v.get("kl_estimator")
         if est is not None:
             lines += [
-                f"KL estimator: {est['note']}. Exact at {100 * est['exact_share']:.1f} % of positions; "
+                f"KL estimator: {est['note']}. This figure: "
+                f"{estimate_words(est, r['config'].get('logprobs', -1))}; "
                 f"reference mass outside the shared top-k set: mean {est['mass_outside_mean']:.2e}, max "
                 f"{est['mass_outside_max']:.2e}.",
                 "",
@@ -160,13 +207,13 @@ def kld_section(r: dict[str, Any]) -> list[str]:
                 [
                     f"{b['range'][0]}–{b['range'][1] - 1}",
                     str(b["n"]),
-                    f"{k['mean']:.2e} ± {k['uncertainty']:.1e}",
+                    f"{k['mean']:.2e} {pm(k['uncertainty'], b['n'], '.1e')}",
                     f"{k['median']:.2e}",
                     f"{k['quantiles']['99']:.2e}",
                     f"{k['max']:.2e}",
                     f"{100 * dp['rms']:.3f} %",
-                    f"{100 * st['value']:.2f} ± {100 * st['standard_error']:.2f} %",
-                    f"{nl['mean']:+.4f} ± {nl['uncertainty']:.4f}",
+                    f"{100 * st['value']:.2f} {pm(100 * st['standard_error'], b['n'], '.2f')} %",
+                    f"{nl['mean']:+.4f} {pm(nl['uncertainty'], b['n'], '.4f')}",
                 ]
             )
         head = ["positions", "n", "mean KLD", "median", "99 %", "max", "RMS Δp", "same top p", "ΔNLL"]

@@ -11,6 +11,7 @@ from statistics import fmean
 from typing import Any
 
 from mlaq.engine.spec_metrics import SpecDecodingStats
+from mlaq.validate import mc_kl
 from mlaq.validate.intervals import paired_ratio_bootstrap
 from mlaq.validate.kld import KLD_QUANTILES, distribution, kld_statistics_by_bucket
 from mlaq.validate.metrics import first_divergence, longest_loop, repeated_ngram_share
@@ -217,6 +218,8 @@ def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record
         out["kld_stats"] = kld_stats(v, r.buckets)
         if "mass_outside" in v.per_token:  # a top-k estimate (a server source)
             out["kl_estimator"] = estimator_summary(v.per_token["mass_outside"], v.per_token["exact"])
+    if reference is not None and v.per_token.get("mc_ref_logprob"):
+        out["mc_kl"] = mc_kl.summary(v.per_token, r.seed)
     gen = v.generation
     out.update(acceptance(gen.spec if gen else None))
     ref_spec = None if reference is None or reference.generation is None else reference.generation.spec

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from mlaq.validate.topk_kl import logprobs_label
+
 HEADERS = (
     "scheme",
     "attn err",
@@ -71,19 +73,55 @@ def task_columns(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _task_cell(v: dict[str, Any], task: str, length: str) -> str:
+    """Exact-match accuracy; with the token accuracy beside it where they differ (a long answer such as
+    copy's segment earns partial credit token by token)."""
     c = ((v.get("tasks") or {}).get(task) or {}).get(length)
-    return "—" if c is None else f"{100 * c['accuracy']:.0f} %"
+    if c is None:
+        return "—"
+    tok = c.get("token_accuracy")
+    exact = f"{100 * c['accuracy']:.0f} %"
+    return exact if tok is None or abs(tok - c["accuracy"]) < 0.005 else f"{exact} (tok {100 * tok:.0f} %)"
+
+
+def _verdict_cells(v: dict[str, Any]) -> list[str]:
+    vd = v.get("verdict")
+    if not vd:
+        return ["—", "—"]
+    mde = vd.get("min_detectable_drop")
+    return [vd["verdict"], "—" if mde is None else f"{100 * mde:.0f} pts"]
+
+
+def has_verdicts(report: dict[str, Any]) -> bool:
+    return any(v.get("verdict") for _, v in variants(report))
 
 
 def rows(report: dict[str, Any]) -> list[list[str]]:
     cols = task_columns(report)
-    return [row(label, v) + [_task_cell(v, t, n) for t, n in cols] for label, v in variants(report)]
+    verdicts = has_verdicts(report)
+    return [
+        row(label, v) + [_task_cell(v, t, n) for t, n in cols] + (_verdict_cells(v) if verdicts else [])
+        for label, v in variants(report)
+    ]
 
 
 def headers(report: dict[str, Any]) -> list[str]:
     n = report["config"]["ngram"]
     tasks = [f"{task} @{length}" for task, length in task_columns(report)]
-    return [h.replace("4-gram", f"{n}-gram") for h in HEADERS] + tasks
+    verdict = ["verdict", "MDE"] if has_verdicts(report) else []
+    return [h.replace("4-gram", f"{n}-gram") for h in HEADERS] + tasks + verdict
+
+
+def reason_lines(report: dict[str, Any]) -> list[str]:
+    """One line per judged scheme: its verdict and why (MDE: the smallest accuracy drop the run could
+    detect on the tasks it measured; a smaller one may be there unseen)."""
+    out = [
+        f"{label}: {v['verdict']['verdict']} — {v['verdict'].get('reason') or '; '.join(v['verdict']['reasons'])}"
+        for label, v in variants(report)
+        if v.get("verdict")
+    ]
+    if out:
+        out.insert(0, "verdict against bf16 (MDE: the smallest accuracy drop this run could detect):")
+    return out
 
 
 def format_markdown(report: dict[str, Any]) -> str:
@@ -109,7 +147,7 @@ def caption(report: dict[str, Any]) -> str:
         against = f"reference {ref['model']} at {ref['url']}" if ref else "no reference"
         return (
             f"server {m['served_model']} at {m['path']} against {against}, {c['windows']} x "
-            f"{c['context_len']}-token windows (top-{c['logprobs']} logprobs), {c['prompts']} prompts x "
+            f"{c['context_len']}-token windows (KL from {logprobs_label(c['logprobs'])} logprobs), {c['prompts']} prompts x "
             f"{c['max_tokens']} greedy tokens" + (f", MTP k={k}" if k else "") + f", seed {report['seed']}"
         )
     if c.get("stream"):
@@ -139,6 +177,7 @@ def print_summary(report: dict[str, Any], stream: Any = None, *, use_rich: bool 
     if not use_rich:
         print(caption(report), file=stream)
         print(format_plain(report), file=stream)
+        print("\n".join(reason_lines(report)), file=stream)
         return
     table = Table(title="mlaq validate", caption=caption(report))
     for h in headers(report):
@@ -150,3 +189,5 @@ def print_summary(report: dict[str, Any], stream: Any = None, *, use_rich: bool 
     if console.width < needed:  # a pipe or a narrow terminal: wrap less, rather than truncate cells
         console = Console(file=stream, width=needed)
     console.print(table)
+    for line in reason_lines(report):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -2,8 +2,10 @@
 
 Per variant, task and length: accuracy (greedy exact match) with its Wilson 95 % interval and the
 sample count; for a candidate also the paired comparison with the reference on the SAME samples: the
-exact McNemar p-value, the accuracy difference, the mean answer log-probability difference with its
-paired bootstrap 95 % interval, and the smallest accuracy drop the run could have detected.
+exact McNemar p-value, the accuracy difference, the mean answer log-probability difference and the
+token accuracy difference (the share of answer tokens that are their position's argmax: partial credit
+for long answers such as copy's segment) with their paired bootstrap 95 % intervals, and the smallest
+accuracy drop the run could have detected.
 Flip figures: per layer and bucket of competing keys, pooled over the windows.
 """
 
@@ -48,6 +50,7 @@ def paired_cell(ref: list[TaskScoreRecord], cand: list[TaskScoreRecord], seed: i
     only_ref = sum(r.correct and not c.correct for r, c in zip(ref, cand, strict=True))
     only_cand = sum(c.correct and not r.correct for r, c in zip(ref, cand, strict=True))
     deltas = [c.logprob - r.logprob for r, c in zip(ref, cand, strict=True)]
+    token_deltas = [c.token_accuracy - r.token_accuracy for r, c in zip(ref, cand, strict=True)]
     ref_acc = sum(r.correct for r in ref) / len(ref)
     out.update(
         {
@@ -57,6 +60,8 @@ def paired_cell(ref: list[TaskScoreRecord], cand: list[TaskScoreRecord], seed: i
             "p_value_vs_bf16": mcnemar_exact(only_ref, only_cand),
             "logprob_delta": fmean(deltas),
             "logprob_delta_ci": list(paired_bootstrap(deltas, seed=seed)),
+            "token_accuracy_delta": fmean(token_deltas),
+            "token_accuracy_delta_ci": list(paired_bootstrap(token_deltas, seed=seed)),
             "min_detectable_drop": min_detectable_drop(len(ref), ref_acc),
         }
     )

@@ -75,3 +75,18 @@ def estimator_summary(mass_outside: list[list[float]], exact: list[list[float]])
         "'rest' cell: a lower bound of the true KL (data-processing inequality), exact when both servers "
         "return the whole distribution; the gap lives only on the reference's mass outside that set",
     }
+
+
+def logprobs_label(k: int) -> str:
+    """What a server was asked for: ``top-20`` or, for ``--logprobs -1``, the whole vocabulary."""
+    return "full-vocabulary" if k < 0 else f"top-{k}"
+
+
+def estimate_words(est: dict[str, object], k: int) -> str:
+    """How a KL figure was obtained, for the report: "exact" only when every position's distributions
+    were whole; otherwise a lower bound, with the share of positions that were exact."""
+    if est.get("exact"):
+        return "exact (whole distributions at every position)"
+    share = float(est.get("exact_share") or 0.0)  # type: ignore[arg-type]
+    where = f", exact at {100 * share:.1f} % of positions" if share > 0 else ""
+    return f"{logprobs_label(k)} estimate, a lower bound{where}"

@@ -25,6 +25,9 @@ class ModelPool:
         self.config = config
         self._models: dict[torch.dtype, DeepseekForCausalLM] = {}
         self._prepared: dict[torch.dtype, str] = {}
+        # (dtype, scheme) -> every layer's prepared BMM weights: switching back installs them again
+        # instead of re-quantizing (the task suite switches schemes once per batch)
+        self._weights: dict[tuple[torch.dtype, str], list[Any]] = {}  # AbsorbedWeights per layer
         self._as_configured: DeepseekForCausalLM | None = None
 
     def _base(self, dtype: torch.dtype) -> DeepseekForCausalLM:
@@ -51,8 +54,20 @@ class ModelPool:
         assert variant.scheme is not None
         model = self._base(variant.dtype)
         if self._prepared.get(variant.dtype) != variant.scheme:
-            for layer in model.model.layers:  # main and MTP layers alike
-                layer.self_attn.prepare(variant.scheme, self.config.precision)
+            saved = self._weights.get((variant.dtype, variant.scheme))
+            for i, layer in enumerate(model.model.layers):  # main and MTP layers alike
+                ab = None if saved is None else saved[i]
+                if ab is None:
+                    layer.self_attn.prepare(variant.scheme, self.config.precision)
+                else:
+                    attn = layer.self_attn
+                    attn.set_absorbed(
+                        ab.w_uk, ab.w_uv, ab.scheme_uk, scheme_uv=ab.scheme_uv, precision=ab.precision
+                    )
+            if saved is None:
+                self._weights[(variant.dtype, variant.scheme)] = [
+                    x.self_attn.absorbed for x in model.model.layers
+                ]
             self._prepared[variant.dtype] = variant.scheme
         return model
 

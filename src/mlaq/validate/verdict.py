@@ -11,10 +11,16 @@ floor at 0.95 x the reference (TensorRT-LLM's "collapse tripwire"). Here, from t
   per-prompt counts exist, only when the whole paired bootstrap 95 % interval of the ratio lies
   beyond the bound (acceptance varies by tens of points between prompts: a point estimate over 8
   prompts crosses 0.95 by chance; a collapse, 58.5 % -> 0 %, lies far beyond any interval);
-- ``ok`` when nothing is degraded AND the run could have seen a drop of ``max_drop``: for every task,
-  bf16 solves the longest length well enough to lose that much, and the smallest detectable drop
-  there (alpha 0.05, power 0.8, ``intervals.min_detectable_drop``) is at most ``max_drop``;
-- ``inconclusive`` otherwise, saying what was missing (samples needed, or tasks bf16 cannot do).
+- a task bf16 itself cannot do (at every length it ran: bf16's accuracy below the smallest drop the
+  run could detect, or below ``max_drop``) cannot show a drop: it is "not measurable on this model",
+  named in the reasons, and the verdict rests on the other tasks (each at its longest measurable length);
+- ``ok`` when nothing is degraded AND every measured task shows no drop with power: either the smallest
+  detectable accuracy drop (alpha 0.05, power 0.8, ``intervals.min_detectable_drop``) is at most
+  ``max_drop``, or the answer log-probability is equivalent to bf16's (the whole paired bootstrap 95 %
+  interval of its change above -``max_logprob_drop`` nats, n >= ``min_equivalence_samples``);
+- ``inconclusive`` otherwise, saying what was missing (samples needed, or no task measurable).
+``reason`` is the verdict in one line (the terminal table prints it); ``min_detectable_drop`` is the
+largest over the measured tasks: a smaller accuracy drop may be there unseen.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class VerdictConfig:
     acceptance_low: float = 0.95
     acceptance_high: float = 1.2
     min_prompts: int = 5
+    min_equivalence_samples: int = 16  # the log-prob equivalence route needs this many paired samples
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1 or not 0 < self.max_drop <= 1:
@@ -77,7 +84,6 @@ def verdict(
 ) -> dict[str, Any]:
     """The verdict of one candidate's summary ``cand`` against the reference's ``ref`` (report dicts)."""
     degraded: list[str] = []
-    missing: list[str] = []
     tasks = cand.get("tasks") or {}
     cells = [(t, int(n), c) for t, by_len in tasks.items() for n, c in by_len.items()]
     adjusted = holm([c["p_value_vs_bf16"] for _, _, c in cells])
@@ -98,33 +104,108 @@ def verdict(
     if kl is not None and kl > cfg.max_kl:
         degraded.append(f"mean KL {kl:.2e} nats > {cfg.max_kl:g}")
     acceptance = _acceptance(cand, ref, prompts, cfg, degraded)
-    detectable = None
-    if not tasks:
-        missing.append("no long-context task ran")
-    for task, by_len in tasks.items():
-        longest = max(by_len, key=int)
-        c = by_len[longest]
-        ref_acc = c["accuracy"] - c["accuracy_delta"]
-        mde = c["min_detectable_drop"]
-        detectable = mde if detectable is None else max(detectable, mde)
-        if ref_acc < cfg.max_drop or ref_acc < mde:
-            missing.append(
-                f"{task} at {longest}: bf16 answers {100 * ref_acc:.0f} % (n={c['n']}), too few to show a drop"
-            )
-        elif mde > cfg.max_drop:
-            need = samples_needed(ref_acc, cfg.max_drop)
-            missing.append(
-                f"{task} at {longest}: n={c['n']} detects drops of {100 * mde:.0f} points or more"
-                + f"; --task-samples {need} detects {100 * cfg.max_drop:g}"
-            )
+    judged = judge_tasks(tasks, cfg)
+    missing = [*judged.missing] if tasks else ["no long-context task ran"]
     status = "degraded" if degraded else ("inconclusive" if missing else "ok")
+    reasons = degraded if degraded else (missing if missing else judged.passed)
+    if judged.not_measurable and judged.measured:
+        reasons = [*reasons, "not measurable on this model: " + ", ".join(judged.not_measurable)]
     return {
         "verdict": status,
-        "reasons": degraded if degraded else missing,
-        "min_detectable_drop": detectable,
+        "reasons": reasons,
+        "reason": one_line(status, reasons, judged),
+        "min_detectable_drop": judged.detectable,
+        "measured_tasks": judged.measured,
+        "not_measurable": judged.not_measurable,
         "acceptance_ratio": acceptance,
         "acceptance_ratio_ci": cand.get("acceptance_ratio_ci"),
     }
+
+
+@dataclass(frozen=True)
+class TaskJudgement:
+    """What the task cells say: which tasks the run could measure, why the others could not, whether
+    each measured task shows no drop with enough power (``passed``) or what was missing."""
+
+    measured: list[str]  # "needle at 4096"
+    not_measurable: list[str]  # "vartrack at 4096 (bf16 0 %, n=4)"
+    passed: list[str]
+    missing: list[str]
+    detectable: float | None  # the largest smallest-detectable-drop over the measured tasks
+
+
+def judge_tasks(tasks: dict[str, Any], cfg: VerdictConfig) -> TaskJudgement:
+    """Per task, its longest length at which bf16 answers often enough to lose a detectable drop; a task
+    with no such length is not measurable on this model and the verdict rests on the others. A measured
+    task shows no drop when the run could detect ``max_drop`` in accuracy (exact McNemar, power 0.8), or
+    when the answer log-probability is equivalent: the whole paired 95 % interval of its change lies
+    above -``max_logprob_drop`` nats, over at least ``min_equivalence_samples`` samples (the continuous
+    score has far more power than exact match on a model that answers almost always right)."""
+    measured, not_measurable, passed, missing = [], [], [], []
+    detectable = None
+    for task, by_len in tasks.items():
+        cells = sorted(((int(n), c) for n, c in by_len.items()), reverse=True)
+        usable = [(n, c) for n, c in cells if _measurable(c, cfg)]
+        if not usable:
+            n, c = cells[0]
+            not_measurable.append(f"{task} at {n} (bf16 {100 * _ref_accuracy(c):.0f} %, n={c['n']})")
+            continue
+        length, c = usable[0]
+        where = f"{task} at {length}"
+        measured.append(where)
+        mde = c["min_detectable_drop"]
+        detectable = mde if detectable is None else max(detectable, mde)
+        low = c["logprob_delta_ci"][0]
+        if mde <= cfg.max_drop:
+            passed.append(f"{where}: no accuracy drop of {100 * mde:.0f} points or more (n={c['n']})")
+        elif c["n"] >= cfg.min_equivalence_samples and low >= -cfg.max_logprob_drop:
+            passed.append(
+                f"{where}: answer log-prob within {cfg.max_logprob_drop:g} nats of bf16 "
+                f"(95 % CI {low:+.3f} to {c['logprob_delta_ci'][1]:+.3f}, n={c['n']}); "
+                f"accuracy drops of {100 * mde:.0f} points or more excluded"
+            )
+        else:
+            need = samples_needed(_ref_accuracy(c), cfg.max_drop)
+            missing.append(
+                f"{where}: n={c['n']} detects accuracy drops of {100 * mde:.0f} points or more and the answer "
+                f"log-prob interval ({low:+.3f} nats) reaches below -{cfg.max_logprob_drop:g}; "
+                f"--task-samples {need} detects {100 * cfg.max_drop:g}"
+            )
+    if tasks and not measured:
+        missing.append("no task is measurable on this model: " + ", ".join(not_measurable))
+    return TaskJudgement(measured, not_measurable, passed, missing, detectable)
+
+
+def _ref_accuracy(c: dict[str, Any]) -> float:
+    return c["accuracy"] - c["accuracy_delta"]
+
+
+def _measurable(c: dict[str, Any], cfg: VerdictConfig) -> bool:
+    """bf16 answers often enough to lose a drop the run could see (at least ``max_drop``, at least the
+    smallest detectable drop)."""
+    ref_acc = _ref_accuracy(c)
+    return ref_acc >= cfg.max_drop and ref_acc >= c["min_detectable_drop"]
+
+
+def one_line(status: str, reasons: list[str], judged: TaskJudgement) -> str:
+    """The verdict's reason in one line (the terminal table's): the first reason, what the verdict rests
+    on, and which tasks could not be measured."""
+    rest = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    if status == "ok":
+        mde = (
+            ""
+            if judged.detectable is None
+            else f" (accuracy drops >= {100 * judged.detectable:.0f} pts excluded"
+        )
+        line = f"no drop on {', '.join(judged.measured)}{mde}"
+        if any("log-prob within" in r for r in reasons):
+            line += ", answer log-prob equivalent"
+        line += ")" if mde else ""
+    else:
+        line = (reasons[0] if reasons else "—") + rest
+    if judged.not_measurable and judged.measured:
+        line += "; not measurable on this model: " + ", ".join(judged.not_measurable)
+    return line
 
 
 def _acceptance(

@@ -33,6 +33,7 @@ class ServerValidateConfig:
     ngram: int = d.NGRAM
     seed: int = 0
     tasks: TaskConfig | None = None  # the long-context task suite (needs a live reference or none)
+    mc_kl: int = 0  # continuations sampled from the reference for the Monte-Carlo KL (0: none)
 
     def __post_init__(self) -> None:
         if self.reference is not None and self.against is not None:
@@ -59,6 +60,13 @@ class ServerValidateConfig:
             raise ValueError(
                 "the long-context tasks need a live reference (a recording holds no task answers): "
                 "pass --reference URL, or --tasks none with --against"
+            )
+        if self.mc_kl < 0:
+            raise ValueError(f"--mc-kl must be >= 0 continuations, got {self.mc_kl}")
+        if self.mc_kl and self.reference is None:
+            raise ValueError(
+                "--mc-kl samples continuations from the reference: it needs a live --reference URL "
+                "(a recording cannot sample)"
             )
         if self.record is not None and self.against is not None and self.record == self.against:
             raise ValueError("--record and --against name the same file")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mlaq.validate.progress import NullProgress, Progress
+from mlaq.validate.server import mc as server_mc
 from mlaq.validate.server import tasks as server_tasks
 from mlaq.validate.server import tokenizers
 from mlaq.validate.server.client import Unsupported
@@ -77,13 +78,16 @@ def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -
             limits = [m for m in (ident.max_model_len, ref_ident.max_model_len if ref_ident else None) if m]
             suite = server_tasks.draw_samples(cfg, inputs, cand, min(limits) if limits else None)
         n_tasks = 2 * len(suite.samples) if suite is not None else 0
-        progress.begin((len(inputs.windows) + len(inputs.prompts) + n_tasks) * len(targets))
+        n_mc = server_mc.steps(cfg, len(targets)) if ref is not None else 0
+        progress.begin((len(inputs.windows) + len(inputs.prompts) + n_tasks) * len(targets) + n_mc)
         ok = False
         try:
             for target, side in targets:
                 _teacher_forced(cfg, target, side, inputs, progress)
             for target, side in targets:
                 _generate(cfg, target, side, inputs, progress)
+            if ref is not None:
+                server_mc.sample_and_score(cfg, ref, targets, inputs, progress, _pmap)
             if suite is not None:
                 for target, side in targets:
                     server_tasks.score(cfg, suite, target, side, progress)

@@ -26,6 +26,10 @@ class Side:
     sample: str = ""  # the first prompt's completion, decoded
     errors: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # --mc-kl: prompt + a continuation sampled from the reference, scored teacher-forced on this side;
+    # mc_start[i]: where sequence i's sampled tokens begin
+    mc: list[TeacherForced] | None = None
+    mc_start: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -225,6 +225,21 @@ class ServerTarget:
             return Greedy(ids, metrics, top=top if top is not None and len(top) == len(ids) else None)
         return Greedy(tuple(self.tokenize(text)), metrics, ids_from_text=True)
 
+    def sample(self, prompt: list[int], max_tokens: int, seed: int) -> tuple[int, ...]:
+        """A continuation of ``prompt`` drawn at temperature 1 (no top-k / top-p truncation, EOS ignored):
+        the tokens the Monte-Carlo KL scores on both sides."""
+        extras = {"logprobs": 1, "return_tokens_as_token_ids": True, "return_token_ids": True}
+        r = self._completion(
+            prompt, max_tokens=max_tokens, ignore_eos=True, temperature=1.0, top_p=1.0, seed=seed, **extras
+        )
+        ids, _ = parse_greedy_ids(r)
+        if ids is None:
+            raise Unsupported(
+                "the reference returned no token ids for a sampled continuation: the Monte-Carlo KL needs "
+                "them (vLLM: return_token_ids or return_tokens_as_token_ids)"
+            )
+        return ids
+
     def _completion(self, prompt: list[int], **fields: Any) -> Any:
         try:
             return self._complete(prompt, **fields)

@@ -92,7 +92,7 @@ class EngineSource:
         windows = data.windows()
         task_variants = [reference, *candidates]  # the fp32 noise floor would need its own prefill
         progress.begin(
-            len(windows) * (1 + len(others)) + 1 + len(others) + (len(task_variants) if drawn else 0)
+            len(windows) * (1 + len(others)) + 1 + len(others) + (tasks.steps(drawn) if drawn else 0)
         )
         ok = False
         try:

@@ -23,6 +23,7 @@ from mlaq.validate.server.measure import measure_sides
 from mlaq.validate.server.sides import Side
 from mlaq.validate.server.spec import per_request_stats
 from mlaq.validate.sources import common
+from mlaq.validate.topk_kl import topk_kl
 
 
 class ServerSource:
@@ -127,6 +128,8 @@ def _variant(
             values = decode_values(r, c)
             for key, vals in (values or {}).items():
                 per_token.setdefault(f"decode_{key}", []).append(vals)
+    if reference is not None and side.mc is not None and reference.mc is not None:
+        per_token.update(mc_values(reference, side))
     gen = None
     if side.generations is not None:
         s = side.acceptance
@@ -154,6 +157,23 @@ def _variant(
         per_token=per_token,
         tasks=list(side.tasks or []),
     )
+
+
+def mc_values(reference: Side, candidate: Side) -> dict[str, list[list[float]]]:
+    """Per sampled continuation (--mc-kl), per sampled token: both sides' log-probabilities of it, and
+    the top-k KL estimate at the same position with whether it was exact (whole distributions)."""
+    out: dict[str, list[list[float]]] = {k: [] for k in ("mc_ref_logprob", "mc_cand_logprob", "mc_topk_kl")}
+    out["mc_exact"] = []
+    for r, c, start in zip(reference.mc or (), candidate.mc or (), reference.mc_start, strict=True):
+        if r.tokens != c.tokens:
+            raise ValueError("reference and candidate scored different sampled continuations")
+        rows = range(start - 1, len(r.tokens) - 1)  # position t predicts token t + 1: the sampled ones
+        est = [topk_kl(r.top[t], c.top[t]) for t in rows]
+        out["mc_ref_logprob"].append([float(r.token_logprobs[t]) for t in rows])
+        out["mc_cand_logprob"].append([float(c.token_logprobs[t]) for t in rows])
+        out["mc_topk_kl"].append([e.kl for e in est])
+        out["mc_exact"].append([float(e.exact) for e in est])
+    return out
 
 
 def run_server_validation(

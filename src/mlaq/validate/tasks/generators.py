@@ -182,10 +182,10 @@ def _lay_out(filler: list[int], lines: list[tuple[float, list[int]]]) -> tuple[l
 
 
 def build_samples(cfg: TaskConfig, haystack: Haystack, encode: Encode) -> list[TaskSample]:
-    """Every sample of the suite: task by task, length by length, ``cfg.samples`` each."""
+    """Every sample of the suite: task by task, length by length, ``cfg.samples_of(task)`` each."""
     return [
         make_sample(task, length, i, cfg, haystack, encode)
         for task in cfg.tasks
         for length in cfg.lengths
-        for i in range(cfg.samples)
+        for i in range(cfg.samples_of(task))
     ]

@@ -12,7 +12,7 @@ from mlaq.validate.progress import Progress
 from mlaq.validate.record import TaskSampleRecord, TaskScoreRecord, TaskSuiteRecord
 from mlaq.validate.tasks.generators import TaskSample, TooShort, make_sample
 from mlaq.validate.tasks.haystack import Haystack
-from mlaq.validate.tasks.scoring import score_variants
+from mlaq.validate.tasks.scoring import batches, score_variants
 from mlaq.validate.tasks.spec import TaskConfig, default_lengths
 from mlaq.validate.tasks.surface import Encode
 from mlaq.validate.text import EvalData
@@ -59,7 +59,9 @@ def draw(
     for task in cfg.tasks:
         for length in cfg.lengths or ():
             try:
-                samples += [make_sample(task, length, i, cfg, haystack, encode) for i in range(cfg.samples)]
+                samples += [
+                    make_sample(task, length, i, cfg, haystack, encode) for i in range(cfg.samples_of(task))
+                ]
             except TooShort as exc:
                 if explicit:
                     raise
@@ -77,8 +79,8 @@ def score(
     precision: Precision,
     progress: Progress,
 ) -> dict[Variant, list[TaskScoreRecord]]:
-    """Every sample under every variant. Under ``decode_only`` the haystack's prefill is shared by the
-    variants of one loaded model (it does not use the absorbed BMMs)."""
+    """Every sample under every variant, batch by batch. Under ``decode_only`` the haystack's prefill is
+    shared by the variants of one loaded model (it does not use the absorbed BMMs)."""
 
     def prefill_key(v: Variant) -> tuple[int, str | None]:
         shared = precision is Precision.DECODE_ONLY
@@ -90,11 +92,18 @@ def score(
         pool.model,
         prefill_key,
         batch_tokens=cfg.batch_tokens,
-        on_variant=lambda v: progress.step(f"{v.name}: long-context tasks ({len(samples)} samples)"),
+        on_batch=lambda done, total: progress.step(
+            f"long-context tasks: batch {done}/{total} ({len(samples)} samples x {len(variants)} schemes)"
+        ),
     )
     return {
         v: [TaskScoreRecord(s.correct, s.logprob, s.token_accuracy) for s in out] for v, out in scores.items()
     }
+
+
+def steps(drawn: Drawn) -> int:
+    """The progress steps of ``score``: one per batch."""
+    return len(batches(drawn.samples, drawn.suite.batch_tokens))
 
 
 def suite_record(

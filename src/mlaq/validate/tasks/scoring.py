@@ -10,8 +10,9 @@ Two scores per sample (the answer has A tokens; position i is predicted from the
 - exact match: every answer token is the argmax of its position. This is exactly "greedy decoding
   reproduces the answer": greedy's prefix equals the answer for as long as the argmaxes agree;
 - mean log-probability of the answer tokens, in nats (continuous, far more sensitive than accuracy).
-Under ``decode_only`` the prefill does not depend on the scheme, so it runs once per model and batch
-and every scheme decodes from it (its cache is truncated back after each variant).
+Under ``decode_only`` (vLLM's precision: the prefill runs kv_b_proj as the checkpoint stores it) the
+prefill does not depend on the scheme, so it runs once per batch of samples and every scheme decodes
+from it (the cache is truncated back after each): N schemes cost one prefill plus N short decodes.
 """
 
 from __future__ import annotations
@@ -88,31 +89,33 @@ def score_variants(
     prefill_key: Callable[[Hashable], Hashable],
     *,
     batch_tokens: int = 4096,
-    on_variant: Callable[[Hashable], None] | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> dict[Hashable, list[SampleScore]]:
     """Scores of every sample under every variant (in ``samples`` order).
 
     ``model_of(v)``: the model with v's BMMs prepared; ``prefill_key(v)``: variants with equal keys share
-    one prefill (same model object and the same naive-path weights)."""
+    one prefill (same model object and the same naive-path weights). Batch by batch: each distinct key
+    prefills the batch's contexts once, every variant of that key decodes its query and answer from that
+    cache (truncated back after each), and the cache is dropped before the next batch, so memory holds
+    one batch's cache whatever the number of samples and variants. ``on_batch(done, total)`` reports."""
     groups = batches(samples, batch_tokens)
-    caches: dict[tuple[Hashable, int], tuple[ModelCache, int]] = {}
-    scores: dict[Hashable, list[SampleScore]] = {}
+    keys: dict[Hashable, list[Hashable]] = {}
     for v in variants:
-        if on_variant is not None:
-            on_variant(v)
-        model = model_of(v)
-        key = prefill_key(v)
-        result: list[SampleScore | None] = [None] * len(samples)
-        for g, idx in enumerate(groups):
-            group = [samples[i] for i in idx]
-            if (key, g) not in caches:
-                decode_from = min(s.query_start for s in group)
-                ids = torch.tensor([s.ids[:decode_from] for s in group])  # (B, decode_from)
-                cache = ModelCache()
-                model.prefill(ids, cache, logits_index=torch.zeros(len(group), dtype=torch.long))
-                caches[(key, g)] = (cache, decode_from)
-            cache, decode_from = caches[(key, g)]
-            for i, sc in zip(idx, score_batch(model, group, cache, decode_from), strict=True):
-                result[i] = sc
-        scores[v] = [s for s in result if s is not None]
-    return scores
+        keys.setdefault(prefill_key(v), []).append(v)
+    result: dict[Hashable, list[SampleScore | None]] = {v: [None] * len(samples) for v in variants}
+    for g, idx in enumerate(groups):
+        group = [samples[i] for i in idx]
+        decode_from = min(s.query_start for s in group)
+        ids = torch.tensor([s.ids[:decode_from] for s in group])  # (B, decode_from)
+        for sharing in keys.values():
+            if g % 2:  # snake order: the scheme the last batch ended with prefills and decodes first
+                sharing = sharing[::-1]
+            cache = ModelCache()
+            model_of(sharing[0]).prefill(ids, cache, logits_index=torch.zeros(len(group), dtype=torch.long))
+            for v in sharing:
+                for i, sc in zip(idx, score_batch(model_of(v), group, cache, decode_from), strict=True):
+                    result[v][i] = sc
+            del cache
+        if on_batch is not None:
+            on_batch(g + 1, len(groups))
+    return {v: [s for s in out if s is not None] for v, out in result.items()}
