@@ -124,8 +124,14 @@ class _Handler(BaseHTTPRequestHandler):
         plp = body.get("prompt_logprobs") if b.prompt_logprobs else None
         tokens: list[int] = []
         seq = list(prompt)
+        sampler = np.random.default_rng(body.get("seed")) if body.get("temperature") else None
         for _ in range(body.get("max_tokens", 16)):
-            t = int(np.argmax(logprobs(seq, b.noise)))
+            lp = logprobs(seq, b.noise)  # temperature 1 when sampling (all the client asks for)
+            t = (
+                int(np.argmax(lp))
+                if sampler is None
+                else int(sampler.choice(VOCAB, p=np.exp(lp) / np.exp(lp).sum()))
+            )
             tokens.append(t)
             seq.append(t)
         b.requests += 1 + b.extra_requests

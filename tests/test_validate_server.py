@@ -309,3 +309,61 @@ def test_tasks_need_a_live_reference(tmp_path: Path, text: Path) -> None:
 
     with pytest.raises(ValueError, match="need a live reference"):
         _cfg("http://127.0.0.1:1", text, against=tmp_path / "x.json", tasks=TaskConfig())
+
+
+@pytest.mark.parametrize("k", [-1, 3])
+def test_monte_carlo_kl_is_unbiased_where_top_k_understates(text: Path, k: int) -> None:
+    """--mc-kl: continuations sampled from the reference, scored on both: k1 and k3 cover the exact KL at
+    the same positions (computed here from the toy model, an independent oracle); the top-k figure at
+    those positions is exact only with whole distributions, else below it."""
+    cand, ref = Behaviour(noise=1.5, max_logprobs=-1), Behaviour(max_logprobs=-1)
+    with FakeServer(cand) as a, FakeServer(ref) as b:
+        r = run_server_validation(
+            _cfg(
+                a, text, reference=ClientConfig(b, retries=0), logprobs=k, mc_kl=48, max_tokens=24, windows=1
+            )
+        )
+    m = _cand(r)["mc_kl"]
+    assert m["k1"]["sequences"] == 48 and m["k1"]["positions"] == 48 * 24
+    exact = _sampled_exact(text, 48, 24, 1.5)
+    if k == -1:
+        assert m["topk_is_exact"] and m["topk_kl"] == pytest.approx(exact, rel=1e-9)
+    else:
+        assert not m["topk_is_exact"] and m["topk_kl"] < 0.9 * exact  # top-3 understates
+    for name in ("k1", "k3"):
+        low, high = m[name]["ci"]
+        assert low <= exact <= high, (name, exact, m[name])
+
+
+def _sampled_exact(text: Path, n: int, length: int, noise: float) -> float:
+    """Independent oracle: replay the reference's sampling (prompt i mod P, seed i) on the toy model and
+    average the exact KL(ref || cand) over every sampled position."""
+    from mlaq.validate.text import load_eval_text
+
+    class Tok:
+        def encode(self, s: str, add_special_tokens: bool = False) -> list[int]:
+            return [ord(ch) % VOCAB for ch in s]
+
+    data = load_eval_text(text, Tok(), context_len=48, windows=1, prompts=3, prompt_len=16, seed=0)  # type: ignore[arg-type]
+    prompts = data.prompts()
+    kls = []
+    for i in range(n):
+        seq = list(prompts[i % len(prompts)])
+        rng = np.random.default_rng(i)
+        for _ in range(length):
+            p, q = logprobs(seq, 0.0), logprobs(seq, noise)
+            kls.append(float((np.exp(p) * (p - q)).sum()))
+            seq.append(int(rng.choice(VOCAB, p=np.exp(p) / np.exp(p).sum())))
+    return sum(kls) / len(kls)
+
+
+def test_monte_carlo_kl_of_identical_servers_is_zero_and_needs_a_live_reference(
+    text: Path, tmp_path: Path
+) -> None:
+    with FakeServer() as a, FakeServer() as b:
+        r = run_server_validation(_cfg(a, text, reference=ClientConfig(b, retries=0), mc_kl=4, windows=1))
+    m = _cand(r)["mc_kl"]
+    assert m["k1"]["kl"] == 0 and m["k3"]["kl"] == 0
+    assert m["k1"]["ci"] is None  # 4 continuations: below the minimum, the interval is n/a
+    with pytest.raises(ValueError, match="--mc-kl samples continuations from the reference"):
+        _cfg("http://127.0.0.1:9", text, mc_kl=4)
