@@ -48,7 +48,7 @@ def test_too_few_samples_is_inconclusive_and_says_how_many() -> None:
     v = verdict(scheme({"copy": {"2048": cell(10, 9, 9, 0, 0)}}), REF, 8)
     assert v["verdict"] == "inconclusive"
     need = samples_needed(0.9, 0.05)
-    assert f"--task-samples {need}" in v["reasons"][0]
+    assert f"--task-samples copy={need}" in v["reasons"][0]
     assert min_detectable_drop(need, 0.9) <= 0.05 < min_detectable_drop(need - 1, 0.9)
 
 
@@ -86,7 +86,7 @@ def test_a_shorter_length_bf16_can_do_is_measured_instead() -> None:
     [
         (32, (-0.01, -0.05, 0.02), "ok", "answer log-prob within 0.1 nats of bf16"),
         (32, (-0.05, -0.3, 0.1), "inconclusive", "reaches below -0.1"),  # not equivalent, not degraded
-        (10, (-0.01, -0.05, 0.02), "inconclusive", "--task-samples"),  # too few for the bootstrap route
+        (10, (-0.01, -0.05, 0.02), "inconclusive", "--task-samples needle="),  # too few for the bootstrap
     ],
 )
 def test_answer_logprob_equivalence_gives_ok_where_exact_match_has_no_power(n, lp, status, reason) -> None:

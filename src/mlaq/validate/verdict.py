@@ -169,7 +169,7 @@ def judge_tasks(tasks: dict[str, Any], cfg: VerdictConfig) -> TaskJudgement:
             missing.append(
                 f"{where}: n={c['n']} detects accuracy drops of {100 * mde:.0f} points or more and the answer "
                 f"log-prob interval ({low:+.3f} nats) reaches below -{cfg.max_logprob_drop:g}; "
-                f"--task-samples {need} detects {100 * cfg.max_drop:g}"
+                f"--task-samples {task}={need} detects {100 * cfg.max_drop:g}"
             )
     if tasks and not measured:
         missing.append("no task is measurable on this model: " + ", ".join(not_measurable))
@@ -190,7 +190,8 @@ def _measurable(c: dict[str, Any], cfg: VerdictConfig) -> bool:
 def one_line(status: str, reasons: list[str], judged: TaskJudgement) -> str:
     """The verdict's reason in one line (the terminal table's): the first reason, what the verdict rests
     on, and which tasks could not be measured."""
-    rest = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    own = [r for r in reasons if not r.startswith("not measurable on this model")]
+    rest = f" (+{len(own) - 1} more)" if len(own) > 1 else ""
     if status == "ok":
         mde = (
             ""
@@ -202,7 +203,7 @@ def one_line(status: str, reasons: list[str], judged: TaskJudgement) -> str:
             line += ", answer log-prob equivalent"
         line += ")" if mde else ""
     else:
-        line = (reasons[0] if reasons else "—") + rest
+        line = (own[0] if own else "—") + rest
     if judged.not_measurable and judged.measured:
         line += "; not measurable on this model: " + ", ".join(judged.not_measurable)
     return line
