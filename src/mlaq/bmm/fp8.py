@@ -54,7 +54,9 @@ class Fp8Weight(PreparedWeight):
 
     def expanded_scale(self) -> Tensor:
         """The scale of every element, fp32 (N, K, M)."""
-        lengths = torch.tensor([b - a for a, b in itertools.pairwise(self.k_bounds)])
+        lengths = torch.tensor(
+            [b - a for a, b in itertools.pairwise(self.k_bounds)], device=self.scale.device
+        )
         return self.scale.repeat_interleave(lengths, dim=1).expand(self.shape)
 
     def storage_bytes(self) -> int:
@@ -150,7 +152,7 @@ class _AiterFp8Scheme(_Fp8Scheme):
         w = self._weight(prepared)
         xq, xs = aiter_token_group_quant(x, self.dtype)  # (N, B, K) codes, (N, B, G) scales
         k = x.shape[2]
-        acc = torch.zeros(x.shape[0], x.shape[1], w.shape[2])
+        acc = torch.zeros(x.shape[0], x.shape[1], w.shape[2], device=x.device)
         for g, k0 in enumerate(range(0, k, FP8_GROUP)):
             k1 = min(k0 + FP8_GROUP, k)
             acc = acc + _code_dot(xq[:, :, k0:k1], w.values[:, k0:k1, :]) * xs[:, :, g : g + 1]
@@ -244,7 +246,7 @@ class Fp8PerBlock(_Fp8Scheme):
         xq, xs = deepseek_token_group_quant(x, self.dtype)  # (N, B, K) codes, (N, B, G) scales
         k = x.shape[2]
         cuts = sorted(set(w.k_bounds) | set(range(0, k, FP8_GROUP)))  # segments never cross a group
-        acc = torch.zeros(x.shape[0], x.shape[1], w.shape[2])
+        acc = torch.zeros(x.shape[0], x.shape[1], w.shape[2], device=x.device)
         for k0, k1 in itertools.pairwise(cuts):
             s = bisect.bisect_right(w.k_bounds, k0) - 1  # weight segment holding k0
             g = k0 // FP8_GROUP

@@ -53,7 +53,9 @@ def aiter_token_group_quant(x: Tensor, dtype: Fp8Dtype, group: int = FP8_GROUP) 
     xf = torch.nn.functional.pad(x.to(torch.bfloat16).float(), (0, g * group - k))
     xg = xf.reshape(n, b, g, group)  # (N, B, K) -> (N, B, G, 128)
     m = xg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10)
-    one_over_max = torch.tensor(1.0 / dtype.max, dtype=torch.float32)  # a constexpr, rounded to fp32
+    one_over_max = torch.tensor(
+        1.0 / dtype.max, dtype=torch.float32, device=x.device
+    )  # a constexpr, rounded to fp32
     a_scale = m * one_over_max
     a_recip = 1.0 / a_scale  # fp32 division, as Triton's `1.0 / a_scale`
     codes = fp8_cast(xg * a_recip, dtype).float()
@@ -73,7 +75,9 @@ def vllm_token_group_quant(x: Tensor, dtype: Fp8Dtype, group: int = FP8_GROUP) -
     xf = torch.nn.functional.pad(x.to(torch.bfloat16).float(), (0, g * group - k))
     xg = xf.reshape(n, b, g, group)  # (N, B, K) -> (N, B, G, group)
     m = xg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10)
-    one_over_max = torch.tensor(1.0 / dtype.max, dtype=torch.float32)  # `1.0 / fp8_max`, a constexpr
+    one_over_max = torch.tensor(
+        1.0 / dtype.max, dtype=torch.float32, device=x.device
+    )  # `1.0 / fp8_max`, a constexpr
     scale = m * one_over_max
     codes = fp8_cast(xg / scale, dtype).float()
     return codes.reshape(n, b, g * group)[..., :k], scale.squeeze(-1)

@@ -36,7 +36,9 @@ def e2m1_encode(y: Tensor) -> Tensor:
 
 def e2m1_decode(codes: Tensor) -> Tensor:
     """uint8 codes 0..15 -> fp32 values (exact)."""
-    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+    table = torch.tensor(
+        E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32, device=codes.device
+    )
     return table[(codes.to(torch.int64) & 0xF)]
 
 

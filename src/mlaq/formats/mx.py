@@ -125,9 +125,8 @@ def _scaled_elements(xb: Tensor, elem: MxElem, rule: ScaleRule) -> tuple[Tensor,
     bad = u == E8M0_NAN - E8M0_BIAS
     inv = torch.exp2((-u).clamp(max=E8M0_BIAS).double()).float()  # 2^-u, exact in fp32
     y = xb * inv.unsqueeze(-1)
-    if bad.any():
-        y = torch.where(bad.unsqueeze(-1), torch.zeros_like(y), y)
-    return u, y
+    # unconditional (no host sync: the same ops on a GPU, on `meta` and under torch.compile)
+    return u, torch.where(bad.unsqueeze(-1), torch.zeros_like(y), y)
 
 
 def _unblock(t: Tensor, k: int, axis: int) -> Tensor:
