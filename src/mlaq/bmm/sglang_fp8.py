@@ -59,7 +59,7 @@ def sglang_mla_act_quant(x: Tensor, dtype: Fp8Dtype) -> tuple[Tensor, Tensor]:
     fp_max = sglang_fp8_max(dtype)
     xf = x.to(torch.bfloat16).float()
     # stage 1: atomic max over rows of max(row amax, eps) / fp8_max = max(amax, eps) / fp8_max (monotone)
-    scale = xf.abs().amax().clamp(min=MLA_ACT_EPS) / torch.tensor(fp_max)
+    scale = xf.abs().amax().clamp(min=MLA_ACT_EPS) / torch.tensor(fp_max, device=xf.device)
     codes = fp8_cast((xf * (1.0 / scale)).clamp(-fp_max, fp_max), dtype)  # stage 2: x * (1 / x_s)
     return codes.float(), scale
 
