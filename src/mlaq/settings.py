@@ -12,6 +12,9 @@ policy sees them: ``platform`` (the GPU a decision is for; None = mlaq's CPU emu
 scheme exists) and ``engine`` (whose rules decide: mlaq's, or released vLLM 0.32's defaults, which
 read vLLM's own ROCm variables into :class:`VllmRocmEnv`).
 
+The vLLM plugin's variables (``MLAQ_VLLM_PLUGIN`` and the user's own VLLM_ROCM_USE_AITER* values, set
+or not) are read here too, by :func:`VllmPluginEnv.from_env`.
+
 One function writes the environment: :func:`bound_onednn_caches`, for torch's oneDNN (see there).
 """
 
@@ -255,3 +258,36 @@ class Settings:
         if self.engine is not Engine.MLAQ:
             words.append(f"engine={self.engine}")
         return " ".join(words)
+
+
+def _explicit_vllm_bool(name: str, raw: str | None) -> bool | None:
+    """A vLLM boolean variable as the user set it: None when unset or empty, refused when vLLM would
+    silently read a typo as False."""
+    if raw is None or not raw.strip():
+        return None
+    if raw.strip().lower() in ("true", "1", "false", "0"):
+        return raw.strip().lower() in ("true", "1")
+    raise ValueError(
+        f"{name}={raw!r}: vLLM 0.32 reads anything but true/1 as False (vllm/envs.py); set 1/true or 0/false"
+    )
+
+
+@dataclass(frozen=True)
+class VllmPluginEnv:
+    """What the vLLM plugin reads from the environment, once: its own JSON setting (for offline
+    ``LLM(...)`` use; ``--additional-config '{"mlaq": ...}'`` wins) and the AITER BMM flags as the user
+    set them (None: unset, where vLLM's own default True applies and mlaq's policy keeps bf16)."""
+
+    config: str | None = None  # MLAQ_VLLM_PLUGIN: the plugin's JSON object, or None
+    fp8bmm: bool | None = None  # VLLM_ROCM_USE_AITER_FP8BMM as set by the user
+    fp4bmm: bool | None = None  # VLLM_ROCM_USE_AITER_FP4BMM as set by the user
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> VllmPluginEnv:
+        env = os.environ if environ is None else environ
+        raw = env.get("MLAQ_VLLM_PLUGIN")
+        return cls(
+            None if raw is None or not raw.strip() else raw,
+            _explicit_vllm_bool("VLLM_ROCM_USE_AITER_FP8BMM", env.get("VLLM_ROCM_USE_AITER_FP8BMM")),
+            _explicit_vllm_bool("VLLM_ROCM_USE_AITER_FP4BMM", env.get("VLLM_ROCM_USE_AITER_FP4BMM")),
+        )
