@@ -59,8 +59,6 @@ def _header(r: dict[str, Any]) -> list[str]:
 
 def _summary(r: dict[str, Any]) -> list[str]:
     n = r["config"]["ngram"]
-    if r.get("source") == "server":
-        return sections.server_summary(r)
     return [
         "## Summary",
         "",
@@ -86,15 +84,19 @@ def _summary(r: dict[str, Any]) -> list[str]:
 
 
 def _arithmetic(r: dict[str, Any]) -> list[str]:
-    lines = ["## Each scheme's arithmetic", ""]
+    """Each scheme's arithmetic (absent when no variant names its schemes: a live server's)."""
     seen: dict[str, str] = {}
     for _, v in variants(r):
         seen.update(v["schemes"])
-    lines += [f"- `{name}`: {desc}" for name, desc in seen.items()]
-    return [*lines, ""]
+    if not seen:
+        return []
+    return ["## Each scheme's arithmetic", "", *(f"- `{name}`: {desc}" for name, desc in seen.items()), ""]
 
 
 def _theory(r: dict[str, Any]) -> list[str]:
+    """Per-op error against theory (absent without operands: they need the weights)."""
+    if not r["operands"]:
+        return []
     lines = [
         "## Per-op error against theory",
         "",
@@ -215,7 +217,7 @@ def _by_bucket(r: dict[str, Any]) -> list[str]:
         ("top1_agreement_by_bucket", "Top-1 agreement (%) by position", "pct"),
     ):
         body = [[label, *(_fmt_bucket(x, kind) for x in v[key])] for label, v in variants(r) if key in v]
-        if body:  # a server run has no attention error
+        if body:  # absent where no variant has it (live servers: no attention error)
             lines += [f"### {title}", "", *_table(["scheme", *buckets], body), ""]
     return lines
 
@@ -243,15 +245,13 @@ def _decisions(r: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
-    """The whole report.md."""
-    if r.get("source") == "server":  # no weights: no arithmetic, per-op or per-layer figures
-        lines = sections.server_header(r) + _summary(r) + tasks.verdict_section(r) + sections.server_notes(r)
-        lines += sections.decode_section(r) + sections.mc_kl_section(r) + sections.kld_section(r)
-        lines += _by_bucket(r)
-    else:
-        lines = _header(r) + _summary(r) + tasks.verdict_section(r)
-        lines += _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r)
-        lines += sections.kld_section(r)
+    """The whole report.md: every section, each absent where the report has nothing for it (live servers
+    have no weights: no arithmetic, per-op or per-layer figures; the engine has no server notes)."""
+    live = r["model"].get("servers") is not None  # the report describes servers, not a checkpoint
+    lines = sections.server_header(r) + sections.server_summary(r) if live else _header(r) + _summary(r)
+    lines += tasks.verdict_section(r) + sections.server_notes(r) + sections.decode_section(r)
+    lines += sections.mc_kl_section(r)
+    lines += _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r) + sections.kld_section(r)
     streamed = stream_section(r)  # teacher-forced only: no generation to show
     lines += (streamed or sections.acceptance(r) + sections.generation(r)) + _decisions(r)
     lines += tasks.tasks_section(r) + tasks.flips_section(r)

@@ -176,7 +176,7 @@ def kld_section(r: dict[str, Any]) -> list[str]:
     path = (
         "Teacher-forced through the servers' prompt log-probabilities, i.e. the prefill path (see the "
         "decode-path section for the absorbed BMMs). "
-        if r.get("source") == "server"
+        if r["model"].get("servers") is not None
         else "Teacher-forced with the absorbed (decode) path. "
     )
     lines = [
@@ -224,7 +224,11 @@ def kld_section(r: dict[str, Any]) -> list[str]:
 def acceptance(r: dict[str, Any]) -> list[str]:
     k = r["config"]["num_speculative_tokens"]
     if not k:
-        why = "the servers reported none" if r.get("source") == "server" else "--num-speculative-tokens 0"
+        why = (
+            "the servers reported none"
+            if r["model"].get("servers") is not None
+            else "--num-speculative-tokens 0"
+        )
         return ["## MTP speculative decoding", "", f"Not run ({why}).", ""]
     head = ["scheme", "drafts", "draft tokens", "accepted", "mean len", "avg rate", "± 1 SE"]
     head += [f"pos {i}" for i in range(k)]

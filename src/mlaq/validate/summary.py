@@ -142,8 +142,8 @@ def format_plain(report: dict[str, Any]) -> str:
 def caption(report: dict[str, Any]) -> str:
     c, m = report["config"], report["model"]
     k = c["num_speculative_tokens"]
-    if report.get("source") == "server":
-        ref = (m.get("servers") or {}).get("reference")
+    if m.get("servers") is not None:  # live servers
+        ref = m["servers"].get("reference")
         against = f"reference {ref['model']} at {ref['url']}" if ref else "no reference"
         return (
             f"server {m['served_model']} at {m['path']} against {against}, {c['windows']} x "
