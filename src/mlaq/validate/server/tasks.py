@@ -18,12 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from mlaq.validate.record import TaskScoreRecord, TaskSuiteRecord
 from mlaq.validate.server.client import Unsupported
 from mlaq.validate.server.sides import Inputs, Side, Tokenizing
 from mlaq.validate.tasks import run as suite_run
 from mlaq.validate.tasks.generators import TaskSample
 from mlaq.validate.tasks.haystack import Haystack
+from mlaq.validate.tasks.scoring import score_answer
 from mlaq.validate.tasks.spec import TaskConfig
 
 if TYPE_CHECKING:
@@ -75,22 +78,22 @@ def score(
             progress.step(f"{target.model}: task teacher-forced {i + 1}/{n}")
     out = []
     for k, s in enumerate(suite.samples):
-        correct = tuple(greedy[k].tokens) == tuple(s.answer)
-        logprob, token_acc = _answer_scores(s, forced[k] if forced is not None else None)
-        out.append(TaskScoreRecord(correct, logprob, token_acc))
+        tf = forced[k] if forced is not None else None
+        if tf is None:  # no answer log-probabilities: exact match only
+            out.append(TaskScoreRecord(tuple(greedy[k].tokens) == tuple(s.answer), 0.0, 0.0))
+            continue
+        logprobs, argmax = _answer_positions(s, tf)
+        out.append(score_answer(s, logprobs, argmax, greedy=greedy[k].tokens))
     side.tasks = out
     suite.seconds += time.perf_counter() - start
     side.seconds["tasks"] = time.perf_counter() - start
 
 
-def _answer_scores(s: TaskSample, tf: Any) -> tuple[float, float]:
-    """Mean answer log-probability and argmax share (0.0 / 0.0 without teacher forcing)."""
-    if tf is None:
-        return 0.0, 0.0
+def _answer_positions(s: TaskSample, tf: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The answer tokens' log-probabilities and each answer position's most likely token (ties: the
+    lower id) from a server's teacher-forced prompt log-probabilities."""
     first = len(s.prompt) - 1  # the prompt position that predicts the first answer token
-    lps, hits = [], 0
-    for i, tok in enumerate(s.answer):
-        lps.append(float(tf.token_logprobs[first + i]))
-        top = tf.top[first + i]
-        hits += max(top, key=lambda t: (top[t], -t)) == tok
-    return sum(lps) / len(lps), hits / len(s.answer)
+    rows = range(first, first + len(s.answer))
+    logprobs = torch.tensor([float(tf.token_logprobs[i]) for i in rows], dtype=torch.float64)
+    argmax = torch.tensor([max(tf.top[i], key=lambda t, i=i: (tf.top[i][t], -t)) for i in rows])
+    return logprobs, argmax

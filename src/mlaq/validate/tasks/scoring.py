@@ -9,7 +9,10 @@ scheme — the reads whose noise grows with the number of competing keys.
 Two scores per sample (the answer has A tokens; position i is predicted from the tokens before it):
 - exact match: every answer token is the argmax of its position. This is exactly "greedy decoding
   reproduces the answer": greedy's prefix equals the answer for as long as the argmaxes agree;
-- mean log-probability of the answer tokens, in nats (continuous, far more sensitive than accuracy).
+- mean log-probability of the answer tokens, in nats (continuous, far more sensitive than accuracy);
+- token accuracy: the share of answer tokens that are their position's argmax.
+``score_answer`` is the one scorer: the layer-streamed run (stream/tasks.py) and live servers
+(server/tasks.py) score through it too.
 Under ``decode_only`` (vLLM's precision: the prefill runs kv_b_proj as the checkpoint stores it) the
 prefill does not depend on the scheme, so it runs once per batch of samples and every scheme decodes
 from it (the cache is truncated back after each): N schemes cost one prefill plus N short decodes.
@@ -18,21 +21,33 @@ from it (the cache is truncated back after each): N schemes cost one prefill plu
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from mlaq.model import ModelCache
+from mlaq.validate.record import TaskScoreRecord
 from mlaq.validate.tasks.generators import TaskSample
 
+if TYPE_CHECKING:
+    from mlaq.model import ModelCache
 
-@dataclass(frozen=True)
-class SampleScore:
-    correct: bool  # greedy exact match of every answer token
-    logprob: float  # mean log-probability of the answer tokens (nats)
-    token_accuracy: float  # share of answer tokens that are their position's argmax
+SampleScore = TaskScoreRecord  # correct (greedy exact match), logprob (mean, nats), token_accuracy
+
+
+def score_answer(
+    sample: TaskSample, logprobs: Tensor, argmax: Tensor, greedy: Sequence[int] | None = None
+) -> TaskScoreRecord:
+    """The task suite's one scorer, whatever measured the answer (the engine, a stream, a server).
+
+    ``logprobs`` (A,): each answer token's log-probability given everything before it, teacher-forced;
+    ``argmax`` (A,): each of those positions' most likely token. Exact match is "greedy decoding
+    reproduces the answer": ``greedy``, the tokens a server generated, when given; else every answer
+    token is its position's argmax (greedy's prefix equals the answer for as long as they agree)."""
+    hits = argmax == torch.tensor(sample.answer)
+    correct = tuple(greedy) == tuple(sample.answer) if greedy is not None else bool(hits.all())
+    return TaskScoreRecord(correct, float(logprobs.mean()), float(hits.double().mean()))
 
 
 def batches(samples: Sequence[TaskSample], batch_tokens: int) -> list[list[int]]:
@@ -69,15 +84,7 @@ def score_rows(logprobs: Tensor, samples: Sequence[TaskSample], decode_from: int
         n = len(s.answer)
         start = len(s.prompt) - 1 - decode_from  # the tail row that predicts the first answer token
         rows = logprobs[b, start : start + n]  # (A, V)
-        answer = torch.tensor(s.answer)
-        hits = rows.argmax(-1) == answer
-        out.append(
-            SampleScore(
-                bool(hits.all()),
-                float(rows.gather(1, answer[:, None]).mean()),
-                float(hits.double().mean()),
-            )
-        )
+        out.append(score_answer(s, rows.gather(1, torch.tensor(s.answer)[:, None]), rows.argmax(-1)))
     return out
 
 
@@ -98,6 +105,8 @@ def score_variants(
     prefills the batch's contexts once, every variant of that key decodes its query and answer from that
     cache (truncated back after each), and the cache is dropped before the next batch, so memory holds
     one batch's cache whatever the number of samples and variants. ``on_batch(done, total)`` reports."""
+    from mlaq.model import ModelCache
+
     groups = batches(samples, batch_tokens)
     keys: dict[Hashable, list[Hashable]] = {}
     for v in variants:
