@@ -59,7 +59,7 @@ def test_write_report_files(report, tmp_path) -> None:
     )
     for p in paths:
         assert p.stat().st_size > 0
-    assert json.loads((tmp_path / "out" / REPORT_JSON).read_text()) == json.loads(json.dumps(report))
+    assert json.loads((tmp_path / "out" / REPORT_JSON).read_text()) == report.to_json()
     png = (tmp_path / "out" / "per_layer_error.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     left = [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
@@ -103,7 +103,7 @@ def test_a_failing_write_leaves_the_previous_report(report, tmp_path, monkeypatc
 
 
 def test_nan_is_never_written(report, tmp_path) -> None:
-    bad = json.loads(json.dumps(report))
+    bad = report.to_json()
     bad["schemes"]["mxfp4"]["kl"] = float("nan")
     with pytest.raises(ValueError):
         write_report(bad, tmp_path / "out", plots=False)

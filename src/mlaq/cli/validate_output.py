@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 
-def finish(args: argparse.Namespace, report: dict[str, Any], out: Path | None) -> int:
+def finish(args: argparse.Namespace, report: Mapping[str, Any], out: Path | None) -> int:
     """Print the results, write --out, and return the exit code."""
     from mlaq.validate.report import report_json
     from mlaq.validate.summary import print_summary
@@ -30,7 +31,7 @@ def finish(args: argparse.Namespace, report: dict[str, Any], out: Path | None) -
     return code if out is None or save_report(report, out, args.overwrite) else 1
 
 
-def save_report(report: dict[str, Any], out: Path, overwrite: bool = False) -> bool:
+def save_report(report: Mapping[str, Any], out: Path, overwrite: bool = False) -> bool:
     """Write the report files into ``out`` (after the results were printed); a failing write is one
     line naming --out, and False."""
     from mlaq.validate.report import write_report
@@ -49,7 +50,7 @@ def save_report(report: dict[str, Any], out: Path, overwrite: bool = False) -> b
     return True
 
 
-def verdict_exit_code(report: dict[str, Any], fail_on: str | None) -> int:
+def verdict_exit_code(report: Mapping[str, Any], fail_on: str | None) -> int:
     """0, or 1 when ``--fail-on`` names a verdict some scheme reached (the failing ones on stderr)."""
     if fail_on is None:
         return 0
@@ -63,7 +64,7 @@ def verdict_exit_code(report: dict[str, Any], fail_on: str | None) -> int:
     return 1 if bad else 0
 
 
-def server_notes(report: dict[str, Any]) -> list[str] | None:
+def server_notes(report: Mapping[str, Any]) -> list[str] | None:
     """Under the table of a run against servers: llama.cpp's KL list of each candidate, the decode path,
     the KL estimators (each figure named by the one it comes from), and what a server could not measure
     (None when the report names no servers)."""

@@ -12,19 +12,23 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mlaq import outputs
 from mlaq.validate.report_md import PLOTS, render_markdown
+from mlaq.validate.report_types import Report
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
 
 
-def report_json(report: dict[str, Any]) -> str:
-    """The JSON text (strict: NaN and infinities are errors, never written)."""
-    return json.dumps(report, indent=2, allow_nan=False) + "\n"
+def report_json(report: Mapping[str, Any]) -> str:
+    """The JSON text (strict: NaN and infinities are errors, never written): the one place a report
+    becomes JSON (a typed ``Report`` through ``to_json``; a plain JSON object as it is)."""
+    obj = report.to_json() if isinstance(report, Report) else report
+    return json.dumps(obj, indent=2, allow_nan=False) + "\n"
 
 
 def prepare_out(out: str | Path, overwrite: bool = False) -> Path:
@@ -35,7 +39,7 @@ def prepare_out(out: str | Path, overwrite: bool = False) -> Path:
 
 
 def write_report(
-    report: dict[str, Any], out: str | Path, *, plots: bool = True, overwrite: bool = False
+    report: Mapping[str, Any], out: str | Path, *, plots: bool = True, overwrite: bool = False
 ) -> list[Path]:
     """Write the report files into ``out`` (checked and created by ``prepare_out``); returns their paths."""
     out = prepare_out(out, overwrite)

@@ -10,19 +10,16 @@ default to the in-memory engine (sources/engine.py).
 
 from __future__ import annotations
 
-from typing import Any
-
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant
 from mlaq.validate.progress import Progress
 from mlaq.validate.record import Record
+from mlaq.validate.report_types import Report
 from mlaq.validate.sources import Source
 from mlaq.validate.stats import summarize
 from mlaq.validate.verdict import VerdictConfig
 
 
-def run(
-    source: Source, progress: Progress | None = None, verdicts: VerdictConfig | None = None
-) -> dict[str, Any]:
+def run(source: Source, progress: Progress | None = None, verdicts: VerdictConfig | None = None) -> Report:
     """Measure with ``source`` and summarize: the report (what ``--json`` prints and report.json holds)."""
     from mlaq.validate.progress import NullProgress
 
@@ -53,6 +50,6 @@ def run_validation(
     reference: Variant = REFERENCE,
     noise_floor: Variant | None = NOISE_FLOOR,
     progress: Progress | None = None,
-) -> dict[str, Any]:
+) -> Report:
     """Measure every candidate (and the noise floor) against ``reference``; returns the report dict."""
     return summarize(measure(config, reference=reference, noise_floor=noise_floor, progress=progress))

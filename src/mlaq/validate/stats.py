@@ -16,6 +16,7 @@ from mlaq.validate.intervals import paired_ratio_bootstrap
 from mlaq.validate.kld import KLD_QUANTILES, distribution, kld_statistics_by_bucket
 from mlaq.validate.metrics import first_divergence, longest_loop, repeated_ngram_share
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, Totals, VariantRecord
+from mlaq.validate.report_types import Report
 from mlaq.validate.task_stats import flip_table, needle_by_depth, task_table, trend_table
 from mlaq.validate.theory import THEORY, theory_for
 from mlaq.validate.topk_kl import estimator_summary
@@ -250,8 +251,8 @@ def _suite(r: Record) -> dict[str, Any] | None:
     }
 
 
-def summarize(r: Record, verdict_config: VerdictConfig | None = None) -> dict[str, Any]:
-    """The whole report as one JSON-ready dict (what ``--json`` prints and report.json holds)."""
+def summarize(r: Record, verdict_config: VerdictConfig | None = None) -> Report:
+    """The whole report, typed and frozen (``Report.to_json``: what ``--json`` prints, report.json holds)."""
     vc = verdict_config or VerdictConfig()
     reference = variant_summary(r.reference, None, r)
     cands = {v.name: variant_summary(v, r.reference, r) for v in r.candidates if v.kind != "as_configured"}
@@ -262,31 +263,33 @@ def summarize(r: Record, verdict_config: VerdictConfig | None = None) -> dict[st
             as_configured["decisions"] = list(v.decisions)
     for summary in [*cands.values(), *([as_configured] if as_configured else [])]:
         summary["verdict"] = verdict(summary, reference, r.config["prompts"], vc)
-    return {
-        "format_version": FORMAT_VERSION,
-        "source": r.source,
-        "model": dict(r.model),
-        "eval_text": dict(r.eval_text),
-        "config": dict(r.config),
-        "seed": r.seed,
-        "versions": dict(r.versions),
-        "buckets": [list(b) for b in r.buckets],
-        "reference": reference,
-        "noise_floor": None if r.noise_floor is None else variant_summary(r.noise_floor, r.reference, r),
-        "schemes": cands,
-        "as_configured": as_configured,
-        "theory": {
-            name: {
-                "weight": t.weight,
-                "activation": t.activation,
-                "output": t.output,
-                "product": t.product,
-                "note": t.note,
-            }
-            for name, t in THEORY.items()
-        },
-        "operands": {k: dict(v) for k, v in sorted(r.operands.items(), key=lambda kv: int(kv[0]))},
-        "tasks": _suite(r),
-        "verdict_config": vc.to_json(),
-        "timings": dict(r.timings),
-    }
+    return Report.from_json(
+        {
+            "format_version": FORMAT_VERSION,
+            "source": r.source,
+            "model": dict(r.model),
+            "eval_text": dict(r.eval_text),
+            "config": dict(r.config),
+            "seed": r.seed,
+            "versions": dict(r.versions),
+            "buckets": [list(b) for b in r.buckets],
+            "reference": reference,
+            "noise_floor": None if r.noise_floor is None else variant_summary(r.noise_floor, r.reference, r),
+            "schemes": cands,
+            "as_configured": as_configured,
+            "theory": {
+                name: {
+                    "weight": t.weight,
+                    "activation": t.activation,
+                    "output": t.output,
+                    "product": t.product,
+                    "note": t.note,
+                }
+                for name, t in THEORY.items()
+            },
+            "operands": {k: dict(v) for k, v in sorted(r.operands.items(), key=lambda kv: int(kv[0]))},
+            "tasks": _suite(r),
+            "verdict_config": vc.to_json(),
+            "timings": dict(r.timings),
+        }
+    )

@@ -17,6 +17,7 @@ import torch
 from mlaq.validate.metrics import Buckets, BucketSums
 from mlaq.validate.progress import NullProgress, Progress
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, VariantRecord
+from mlaq.validate.report_types import Report
 from mlaq.validate.server.compare import decode_values, window_values
 from mlaq.validate.server.config import ServerValidateConfig
 from mlaq.validate.server.measure import measure_sides
@@ -178,7 +179,7 @@ def mc_values(reference: Side, candidate: Side) -> dict[str, list[list[float]]]:
 
 def run_server_validation(
     config: ServerValidateConfig, progress: Progress | None = None, verdicts: Any = None
-) -> dict[str, Any]:
+) -> Report:
     """``runner.run(ServerSource(config), ...)``: the servers measured and summarized, the report."""
     from mlaq.validate.runner import run
 
