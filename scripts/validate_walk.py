@@ -21,6 +21,7 @@ import contextlib
 import io
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 SMALL_RUN = [
@@ -58,14 +59,14 @@ def parameter_types() -> tuple[type, ...]:
     with contextlib.suppress(ImportError, AttributeError):
         import mlaq.validate.report_types as report_types  # the typed report, where there is one
 
-        kinds += [report_types.Report, report_types.VariantReport]
+        kinds.append(report_types.Report)
     return tuple(kinds)
 
 
 def _is_parameter(value: object, kinds: tuple[type, ...]) -> bool:
     if isinstance(value, kinds):
         return True
-    if not isinstance(value, dict):
+    if not isinstance(value, Mapping):  # a dict, or a frozen report's read-only view
         return False
     return {"format_version", "schemes"} <= set(value) or {"name", "kind", "dtype"} <= set(value)
 
