@@ -47,6 +47,10 @@ SMALL_RUN = [
 ]
 
 
+# a parameter's own field reads (a frozen report read as a mapping): reading, not a stop
+FIELD_READS = frozenset({"__getitem__", "__iter__", "__len__", "__contains__", "__eq__"})
+
+
 def parameter_types() -> tuple[type, ...]:
     """The types of the run's parameters (whatever the code calls them, wherever they live)."""
     import mlaq.validate.config as config
@@ -85,7 +89,7 @@ def walk(argv: list[str]) -> list[tuple[str, str]]:
             return None
         code = frame.f_code
         file = code.co_filename
-        if not file.startswith(root):
+        if not file.startswith(root) or code.co_name in FIELD_READS:
             return None
         n = code.co_argcount + code.co_kwonlyargcount
         args = [frame.f_locals.get(name) for name in code.co_varnames[:n]]
