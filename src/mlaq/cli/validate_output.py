@@ -19,15 +19,18 @@ def finish(args: argparse.Namespace, report: Mapping[str, Any], out: Path | None
     from mlaq.validate.report import report_json
     from mlaq.validate.summary import print_summary
 
+    notes = None if args.json else server_notes(report)
+    bad = failing(report, args.fail_on)
     if args.json:
         sys.stdout.write(report_json(report))
     else:
         print_summary(report)
-        notes = server_notes(report)
         if notes is not None:
             print("\n".join(notes))
     sys.stdout.flush()
-    code = verdict_exit_code(report, args.fail_on)
+    if bad:
+        print(f"mlaq validate: --fail-on {args.fail_on}: {'; '.join(bad)}", file=sys.stderr)
+    code = 1 if bad else 0
     return code if out is None or save_report(report, out, args.overwrite) else 1
 
 
@@ -50,18 +53,16 @@ def save_report(report: Mapping[str, Any], out: Path, overwrite: bool = False) -
     return True
 
 
-def verdict_exit_code(report: Mapping[str, Any], fail_on: str | None) -> int:
-    """0, or 1 when ``--fail-on`` names a verdict some scheme reached (the failing ones on stderr)."""
+def failing(report: Mapping[str, Any], fail_on: str | None) -> list[str]:
+    """'scheme: verdict' of each scheme whose verdict ``--fail-on`` names (exit 1 when any)."""
     if fail_on is None:
-        return 0
-    failing = {"degraded": {"degraded"}, "inconclusive": {"degraded", "inconclusive"}}[fail_on]
+        return []
+    verdicts = {"degraded": {"degraded"}, "inconclusive": {"degraded", "inconclusive"}}[fail_on]
     bad = []
     for name, v in [*report["schemes"].items(), ("as-configured", report.get("as_configured"))]:
-        if v is not None and v["verdict"]["verdict"] in failing:
+        if v is not None and v["verdict"]["verdict"] in verdicts:
             bad.append(f"{name}: {v['verdict']['verdict']}")
-    if bad:
-        print(f"mlaq validate: --fail-on {fail_on}: {'; '.join(bad)}", file=sys.stderr)
-    return 1 if bad else 0
+    return bad
 
 
 def server_notes(report: Mapping[str, Any]) -> list[str] | None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlaq.validate.summary import variants
+from mlaq.validate.report_types import Report
 
 
 def write_plots(r: dict[str, Any], directory: Path) -> list[str]:
     """Write the plots into ``directory``; returns their file names."""
+    r = r if isinstance(r, Report) else Report.from_json(r)  # every plot reads r.rows
     import matplotlib
 
     matplotlib.use("Agg")
@@ -25,7 +26,7 @@ def write_plots(r: dict[str, Any], directory: Path) -> list[str]:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
 
-    everyone = list(variants(r))
+    everyone = list(r.rows)
     colour = {label: f"C{i % 10}" for i, (label, _) in enumerate(everyone)}
     cands = [(label, v) for label, v in everyone if "kl" in v]
     names = []

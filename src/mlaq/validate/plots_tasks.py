@@ -7,22 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlaq.validate.summary import variants
-
 
 def write_task_plots(r: dict[str, Any], directory: Path, plt: Any, colour: dict[str, str]) -> list[str]:
     names = []
-    rows = [(label, v) for label, v in variants(r) if v.get("tasks")]
+    rows = [(label, v) for label, v in r.rows if v.get("tasks")]
     if rows:
         tasks = list(rows[0][1]["tasks"])
         names.append(_accuracy(rows, tasks, directory, plt, colour))
         paired = [(label, v) for label, v in rows if v is not r["reference"]]
         if paired:
             names.append(_logprob(paired, tasks, directory, plt, colour))
-    needle = [(label, v["needle_by_depth"]) for label, v in variants(r) if v.get("needle_by_depth")]
+    needle = [(label, v["needle_by_depth"]) for label, v in r.rows if v.get("needle_by_depth")]
     if needle:
         names.append(_needle(needle, directory, plt))
-    flips = [(label, v["flip_rate"]) for label, v in variants(r) if v.get("flip_rate")]
+    flips = [(label, v["flip_rate"]) for label, v in r.rows if v.get("flip_rate")]
     if flips:
         names.append(_flips(flips, directory, plt, colour))
     return names

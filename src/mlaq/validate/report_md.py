@@ -7,7 +7,8 @@ from typing import Any
 from mlaq.validate import report_sections as sections
 from mlaq.validate import report_tasks as tasks
 from mlaq.validate.report_stream import stream_section
-from mlaq.validate.summary import caption, format_markdown, variants
+from mlaq.validate.report_types import Report
+from mlaq.validate.summary import caption, format_markdown
 
 PLOTS = {
     "error_vs_position.png": "Error vs context position (per-layer attention error, KL, ΔNLL)",
@@ -29,7 +30,7 @@ def _table(head: list[str], body: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in body]
 
 
-def _header(r: dict[str, Any]) -> list[str]:
+def _header(r: dict[str, Any], cap: str) -> list[str]:
     m, e, c, v = r["model"], r["eval_text"], r["config"], r["versions"]
     lines = [
         "# mlaq validate",
@@ -44,7 +45,7 @@ def _header(r: dict[str, Any]) -> list[str]:
         f"- **Evaluation text**: `{e['path']}` ({e['bytes']} bytes, {e['tokens']} tokens, sha256 "
         f"`{e['sha256'][:16]}…`); windows at token offsets {e['window_starts']}, prompts at "
         f"{e['prompt_starts']}",
-        f"- **Run**: {caption(r)}; {c['buckets']} position buckets; torch threads {c['threads']}",
+        f"- **Run**: {cap}; {c['buckets']} position buckets; torch threads {c['threads']}",
         f"- **Seed**: {r['seed']} (chooses windows and prompts; seeds the engine; decoding is greedy)",
         f"- **Versions**: mlaq {v['mlaq']}, torch {v['torch']}, python {v['python']}, "
         f"tokenizers {v.get('tokenizers', '—')}; {v['platform']}",
@@ -57,12 +58,12 @@ def _header(r: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _summary(r: dict[str, Any]) -> list[str]:
+def _summary(r: dict[str, Any], table: str) -> list[str]:
     n = r["config"]["ngram"]
     return [
         "## Summary",
         "",
-        format_markdown(r),
+        table,
         "",
         "- **attn err**: relative RMS error of each layer's attention output (after o_proj) on the reference's "
         "captured inputs, mean over layers (MTP included). **BMM err**: the larger of the two BMMs' "
@@ -86,7 +87,7 @@ def _summary(r: dict[str, Any]) -> list[str]:
 def _arithmetic(r: dict[str, Any]) -> list[str]:
     """Each scheme's arithmetic (absent when no variant names its schemes: a live server's)."""
     seen: dict[str, str] = {}
-    for _, v in variants(r):
+    for _, v in r.rows:
         seen.update(v["schemes"])
     if not seen:
         return []
@@ -115,7 +116,7 @@ def _theory(r: dict[str, Any]) -> list[str]:
     head += ["Gaussian theory", "aligned theory #1 / #2"]
     body = []
     flags = []
-    for label, v in variants(r):
+    for label, v in r.rows:
         if "bmm_rel_err" not in v:
             continue
         th = (
@@ -216,14 +217,14 @@ def _by_bucket(r: dict[str, Any]) -> list[str]:
         ("nll_delta_by_bucket", "ΔNLL by position (nats)", "f"),
         ("top1_agreement_by_bucket", "Top-1 agreement (%) by position", "pct"),
     ):
-        body = [[label, *(_fmt_bucket(x, kind) for x in v[key])] for label, v in variants(r) if key in v]
+        body = [[label, *(_fmt_bucket(x, kind) for x in v[key])] for label, v in r.rows if key in v]
         if body:  # absent where no variant has it (live servers: no attention error)
             lines += [f"### {title}", "", *_table(["scheme", *buckets], body), ""]
     return lines
 
 
 def _layers(r: dict[str, Any]) -> list[str]:
-    rows_ = [(label, v) for label, v in variants(r) if "attn_rel_err_by_layer" in v]
+    rows_ = [(label, v) for label, v in r.rows if "attn_rel_err_by_layer" in v]
     if not rows_:
         return []
     layers = rows_[0][1]["attn_rel_err_by_layer"]
@@ -247,8 +248,13 @@ def _decisions(r: dict[str, Any]) -> list[str]:
 def render_markdown(r: dict[str, Any], plots: list[str]) -> str:
     """The whole report.md: every section, each absent where the report has nothing for it (live servers
     have no weights: no arithmetic, per-op or per-layer figures; the engine has no server notes)."""
-    live = r["model"].get("servers") is not None  # the report describes servers, not a checkpoint
-    lines = sections.server_header(r) + sections.server_summary(r) if live else _header(r) + _summary(r)
+    r = r if isinstance(r, Report) else Report.from_json(r)  # every section reads r.rows
+    live = r.servers is not None  # the report describes servers, not a checkpoint
+    cap, table = caption(r), format_markdown(r)  # the run's caption and the summary table, once
+    if live:
+        lines = sections.server_header(r, cap) + sections.server_summary(r, table)
+    else:
+        lines = _header(r, cap) + _summary(r, table)
     lines += tasks.verdict_section(r) + sections.server_notes(r) + sections.decode_section(r)
     lines += sections.mc_kl_section(r)
     lines += _arithmetic(r) + _theory(r) + _layers(r) + _by_bucket(r) + sections.kld_section(r)

@@ -8,7 +8,6 @@ import math
 from typing import Any
 
 from mlaq.validate.kld import format_kld_statistics, pm
-from mlaq.validate.summary import caption, format_markdown, variants
 from mlaq.validate.topk_kl import estimate_words, logprobs_label
 
 
@@ -36,7 +35,7 @@ def _server(s: dict[str, Any] | None) -> str:
     )
 
 
-def server_header(r: dict[str, Any]) -> list[str]:
+def server_header(r: dict[str, Any], cap: str) -> list[str]:
     m, e, c, v = r["model"], r["eval_text"], r["config"], r["versions"]
     servers = m.get("servers") or {}
     lines = [
@@ -51,20 +50,20 @@ def server_header(r: dict[str, Any]) -> list[str]:
         f"- **Evaluation text**: `{e.get('path')}` ({e.get('bytes')} bytes, {e.get('tokens')} tokens, sha256 "
         f"`{str(e.get('sha256'))[:16]}…`); windows at token offsets {e.get('window_starts')}, prompts at "
         f"{e.get('prompt_starts')}",
-        f"- **Run**: {caption(r)}; {c['buckets']} position buckets; {c['concurrency']} requests in flight",
+        f"- **Run**: {cap}; {c['buckets']} position buckets; {c['concurrency']} requests in flight",
         f"- **Versions**: mlaq {v['mlaq']}, python {v['python']}; {v['platform']}",
         "",
     ]
     return lines
 
 
-def server_summary(r: dict[str, Any]) -> list[str]:
+def server_summary(r: dict[str, Any], table: str) -> list[str]:
     """The summary table of a server run and what its columns mean there."""
     n = r["config"]["ngram"]
     return [
         "## Summary",
         "",
-        format_markdown(r),
+        table,
         "",
         "- **KL / top-1 / ΔNLL**: teacher-forced through the servers' prompt log-probabilities (the "
         "prefill path), KL estimated from the top-k log-probabilities (see below); "
@@ -88,7 +87,7 @@ def server_notes(r: dict[str, Any]) -> list[str]:
 
 def decode_section(r: dict[str, Any]) -> list[str]:
     """A server run's decode-path comparison (generated tokens while both contexts are equal)."""
-    rows = [(label, v["decode"]) for label, v in variants(r) if v.get("decode")]
+    rows = [(label, v["decode"]) for label, v in r.rows if v.get("decode")]
     if not rows:
         return []
     lines = [
@@ -126,7 +125,7 @@ def decode_section(r: dict[str, Any]) -> list[str]:
 
 def mc_kl_section(r: dict[str, Any]) -> list[str]:
     """--mc-kl: the Monte-Carlo KL estimators beside the top-k figure at the same positions."""
-    rows = [(label, v["mc_kl"]) for label, v in variants(r) if v.get("mc_kl")]
+    rows = [(label, v["mc_kl"]) for label, v in r.rows if v.get("mc_kl")]
     if not rows:
         return []
     k = r["config"].get("logprobs", -1)
@@ -170,7 +169,7 @@ def _mc(e: dict[str, Any]) -> str:
 
 def kld_section(r: dict[str, Any]) -> list[str]:
     """llama.cpp's ``perplexity --kl-divergence`` list per candidate, overall and by context position."""
-    rows = [(label, v) for label, v in variants(r) if (v.get("kld_stats") or {}).get("all")]
+    rows = [(label, v) for label, v in r.rows if (v.get("kld_stats") or {}).get("all")]
     if not rows:
         return []
     path = (
@@ -233,7 +232,7 @@ def acceptance(r: dict[str, Any]) -> list[str]:
     head = ["scheme", "drafts", "draft tokens", "accepted", "mean len", "avg rate", "± 1 SE"]
     head += [f"pos {i}" for i in range(k)]
     body = []
-    for label, v in variants(r):
+    for label, v in r.rows:
         per = v.get("per_position_acceptance_rate") or []
         p, n = v["acceptance_rate"], v["num_draft_tokens"]
         se = math.sqrt(p * (1 - p) / n) if p is not None and n else None
@@ -262,7 +261,7 @@ def generation(r: dict[str, Any]) -> list[str]:
     n = r["config"]["ngram"]
     head = ["scheme", "first differing token per prompt", f"repeated {n}-grams", "longest loop"]
     body = []
-    for label, v in variants(r):
+    for label, v in r.rows:
         g = v.get("generation") or {}
         firsts = g.get("first_divergence")
         first = "reference" if firsts is None else ", ".join("same" if f is None else str(f) for f in firsts)
@@ -270,7 +269,7 @@ def generation(r: dict[str, Any]) -> list[str]:
     lines = ["## Free-running greedy generation", "", *_table(head, body), ""]
     lines += ["First prompt, its last tokens:", "", "```", r["eval_text"]["prompt_sample"], "```", ""]
     ref_sample = r["reference"].get("sample")
-    for label, v in variants(r):
+    for label, v in r.rows:
         if "sample" not in v:
             continue
         if v is not r["reference"] and v["sample"] == ref_sample:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlaq.validate.summary import variants
-
 
 def _table(head: list[str], body: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -19,7 +17,7 @@ def _pct(x: float | None, digits: int = 0) -> str:
 
 
 def _candidates(r: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [(label, v) for label, v in variants(r) if v.get("verdict")]
+    return [(label, v) for label, v in r.rows if v.get("verdict")]
 
 
 def verdict_section(r: dict[str, Any]) -> list[str]:
@@ -99,7 +97,7 @@ def tasks_section(r: dict[str, Any]) -> list[str]:
     """One table per task: accuracy with its interval and n, and the paired comparison with bf16."""
     if not r.get("tasks"):
         return []
-    rows = [(label, v) for label, v in variants(r) if v.get("tasks")]
+    rows = [(label, v) for label, v in r.rows if v.get("tasks")]
     if not rows:
         return []
     lines = _suite_intro(r)
@@ -131,7 +129,7 @@ def tasks_section(r: dict[str, Any]) -> list[str]:
 def trend_section(r: dict[str, Any]) -> list[str]:
     """Per scheme and task: does the paired drop grow with length (slope per doubling, longest minus
     shortest, stratified bootstrap 95 % intervals), with the one-sentence answer."""
-    rows = [(label, v["length_trend"]) for label, v in variants(r) if v.get("length_trend")]
+    rows = [(label, v["length_trend"]) for label, v in r.rows if v.get("length_trend")]
     if not rows:
         return []
     lines = [
@@ -178,7 +176,7 @@ def _token_accuracy(c: dict[str, Any]) -> str:
 
 def needle_section(r: dict[str, Any]) -> list[str]:
     """Needle accuracy by depth (columns) x length (rows), per variant."""
-    rows = [(label, v["needle_by_depth"]) for label, v in variants(r) if v.get("needle_by_depth")]
+    rows = [(label, v["needle_by_depth"]) for label, v in r.rows if v.get("needle_by_depth")]
     if not rows:
         return []
     lines = [
@@ -201,7 +199,7 @@ def _cell(c: dict[str, Any] | None) -> str:
 
 def flips_section(r: dict[str, Any]) -> list[str]:
     """Per layer and number of competing keys: top-key flip rate, flip rate of retrieval-like rows, TV."""
-    rows = [(label, v) for label, v in variants(r) if v.get("flip_rate")]
+    rows = [(label, v) for label, v in r.rows if v.get("flip_rate")]
     if not rows:
         return []
     lines = [

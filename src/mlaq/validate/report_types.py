@@ -13,7 +13,7 @@ Frozen all the way down: the dataclass is frozen and every mapping inside it is 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -60,11 +60,13 @@ class Report(Mapping[str, Any]):
     tasks: Mapping[str, Any] | None
     verdict_config: Mapping[str, Any]
     timings: Mapping[str, float]
+    rows: tuple[tuple[str, Figures], ...] = field(init=False, repr=False, compare=False)
+    servers: Mapping[str, Any] | None = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Report:
         """The report of a JSON object (report.json, or what ``summarize`` assembled), frozen."""
-        names = [f.name for f in fields(cls)]
+        names = list(cls._keys())
         missing = [n for n in names if n not in obj]
         if missing:
             raise ValueError(f"not an mlaq validate report: no {', '.join(missing)}")
@@ -72,12 +74,13 @@ class Report(Mapping[str, Any]):
 
     def to_json(self) -> dict[str, Any]:
         """The plain JSON object: report.json and --json, key for key."""
-        return {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
+        return {name: thaw(getattr(self, name)) for name in self._keys()}
 
-    @property
-    def servers(self) -> Mapping[str, Any] | None:
-        """The live servers measured (candidate, reference); None when a checkpoint was measured."""
-        return self.model.get("servers")
+    def __post_init__(self) -> None:
+        # derived once, read as attributes: every reporter iterates ``rows``; ``servers`` is None unless
+        # live servers were measured (then the report describes them, not a checkpoint)
+        object.__setattr__(self, "rows", tuple(self.variants()))
+        object.__setattr__(self, "servers", self.model.get("servers"))
 
     def variants(self) -> Iterator[tuple[str, Figures]]:
         """(row label, figures) in table order: reference, noise floor, schemes, as-configured."""
@@ -102,4 +105,4 @@ class Report(Mapping[str, Any]):
 
     @classmethod
     def _keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+        return tuple(f.name for f in fields(cls) if f.init)

@@ -17,7 +17,7 @@ from mlaq.validate.kld import KLD_QUANTILES, distribution, kld_statistics_by_buc
 from mlaq.validate.metrics import first_divergence, longest_loop, repeated_ngram_share
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts, Totals, VariantRecord
 from mlaq.validate.report_types import Report
-from mlaq.validate.task_stats import flip_table, needle_by_depth, task_table, trend_table
+from mlaq.validate.task_stats import variant_task_figures
 from mlaq.validate.theory import THEORY, theory_for
 from mlaq.validate.topk_kl import estimator_summary
 from mlaq.validate.verdict import VerdictConfig, verdict
@@ -185,7 +185,9 @@ def decode_summary(per_token: dict[str, list[list[float]]]) -> dict[str, Any]:
     return out
 
 
-def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record) -> dict[str, Any]:
+def variant_summary(
+    v: VariantRecord, reference: VariantRecord | None, r: Record, derived: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One variant's figures; ``reference`` None for the reference itself."""
     out: dict[str, Any] = {
         "name": v.name,
@@ -230,12 +232,7 @@ def variant_summary(v: VariantRecord, reference: VariantRecord | None, r: Record
         ref_gen = None if reference is None else reference.generation
         out["generation"] = generation(gen, ref_gen, r.config["ngram"])
         out["sample"] = gen.sample
-    if r.tasks is not None and v.tasks:
-        out["tasks"] = task_table(r.tasks, v, reference, r.seed)
-        out["needle_by_depth"] = needle_by_depth(r.tasks, v)
-        if reference is not None and (trends := trend_table(r.tasks, v, reference, r.seed)):
-            out["length_trend"] = trends
-    out.update(flip_table(v, r.buckets))
+    out.update(derived if derived is not None else variant_task_figures(v, reference, r))
     out["seconds"] = v.seconds
     return out
 
@@ -254,13 +251,21 @@ def _suite(r: Record) -> dict[str, Any] | None:
 def summarize(r: Record, verdict_config: VerdictConfig | None = None) -> Report:
     """The whole report, typed and frozen (``Report.to_json``: what ``--json`` prints, report.json holds)."""
     vc = verdict_config or VerdictConfig()
-    reference = variant_summary(r.reference, None, r)
-    cands = {v.name: variant_summary(v, r.reference, r) for v in r.candidates if v.kind != "as_configured"}
+    everyone = [r.reference, *([r.noise_floor] if r.noise_floor else []), *r.candidates]
+    derived = {id(v): variant_task_figures(v, None if v is r.reference else r.reference, r) for v in everyone}
+
+    def summary_of(v: VariantRecord) -> dict[str, Any]:
+        return variant_summary(v, None if v is r.reference else r.reference, r, derived[id(v)])
+
+    reference = summary_of(r.reference)
+    noise_floor = None if r.noise_floor is None else summary_of(r.noise_floor)
+    cands = {v.name: summary_of(v) for v in r.candidates if v.kind != "as_configured"}
     as_configured = None
     for v in r.candidates:
         if v.kind == "as_configured":
-            as_configured = variant_summary(v, r.reference, r)
+            as_configured = summary_of(v)
             as_configured["decisions"] = list(v.decisions)
+    suite, vc_json = _suite(r), vc.to_json()
     for summary in [*cands.values(), *([as_configured] if as_configured else [])]:
         summary["verdict"] = verdict(summary, reference, r.config["prompts"], vc)
     return Report.from_json(
@@ -274,7 +279,7 @@ def summarize(r: Record, verdict_config: VerdictConfig | None = None) -> Report:
             "versions": dict(r.versions),
             "buckets": [list(b) for b in r.buckets],
             "reference": reference,
-            "noise_floor": None if r.noise_floor is None else variant_summary(r.noise_floor, r.reference, r),
+            "noise_floor": noise_floor,
             "schemes": cands,
             "as_configured": as_configured,
             "theory": {
@@ -288,8 +293,8 @@ def summarize(r: Record, verdict_config: VerdictConfig | None = None) -> Report:
                 for name, t in THEORY.items()
             },
             "operands": {k: dict(v) for k, v in sorted(r.operands.items(), key=lambda kv: int(kv[0]))},
-            "tasks": _suite(r),
-            "verdict_config": vc.to_json(),
+            "tasks": suite,
+            "verdict_config": vc_json,
             "timings": dict(r.timings),
         }
     )

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from mlaq.validate.report_types import Report
 from mlaq.validate.topk_kl import logprobs_label
 
 HEADERS = (
@@ -33,6 +34,9 @@ def _num(x: float | None, fmt: str) -> str:
 
 def variants(report: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(row label, variant dict) in table order: reference, noise floor, schemes, as-configured."""
+    if isinstance(report, Report):
+        yield from report.rows
+        return
     ref = report["reference"]
     yield f"{ref['name']} (reference)", ref
     if report.get("noise_floor"):

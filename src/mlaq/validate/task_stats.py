@@ -17,7 +17,7 @@ from statistics import fmean
 from typing import Any
 
 from mlaq.validate.intervals import mcnemar_exact, min_detectable_drop, paired_bootstrap, wilson
-from mlaq.validate.record import TaskScoreRecord, TaskSuiteRecord, Totals, VariantRecord
+from mlaq.validate.record import Record, TaskScoreRecord, TaskSuiteRecord, Totals, VariantRecord
 from mlaq.validate.trend import length_trend
 
 
@@ -152,3 +152,15 @@ def flip_table(v: VariantRecord, buckets: list[list[int]]) -> dict[str, dict[str
             if k.startswith(prefix)
         }
     return out
+
+
+def variant_task_figures(v: VariantRecord, reference: VariantRecord | None, r: Record) -> dict[str, Any]:
+    """One variant's figures from this module: task tables, needle by depth, length trend, flip rates
+    (``reference`` None for the reference itself)."""
+    out: dict[str, Any] = {}
+    if r.tasks is not None and v.tasks:
+        out["tasks"] = task_table(r.tasks, v, reference, r.seed)
+        out["needle_by_depth"] = needle_by_depth(r.tasks, v)
+        if reference is not None and (trends := trend_table(r.tasks, v, reference, r.seed)):
+            out["length_trend"] = trends
+    return out | flip_table(v, r.buckets)
