@@ -4,17 +4,19 @@ Public API (imported lazily: ``import mlaq.validate`` stays light for the CLI)::
 
     from mlaq.validate import ValidateConfig, measure, summarize, write_report
     record = measure(ValidateConfig(model=path, eval_text=path / "heldout.txt"))  # a Record
-    report = summarize(record)        # pure statistics: the report's JSON object
+    report = summarize(record)        # pure statistics: a typed, frozen Report
     report["schemes"]["mxfp4"]["kl"]
     write_report(report, "out/")      # report.md, report.json, PNG plots, written atomically
 
 How the package is laid out (each arrow only reads what is on its left)::
 
-    sources/ (engine today) --measure--> Record (record.py) --stats.summarize--> report dict
-        --> summary.py (terminal table), report_md.py, plots.py, report.py (files), --json
+    sources/ (engine, stream, server) --measure--> Record (record.py) --stats.summarize--> Report
+        (report_types.py; verdicts from verdict.py) --> summary.py (terminal table), report_md.py,
+        plots.py, report.py (files; JSON only there, Report.to_json)
 
-``run_validation(config)`` is ``summarize(measure(config))``. A new source is one module in sources/
-that fills a Record; a new statistic is a function in stats.py; a new table reads the report dict.
+``runner.run(source, progress, verdicts)`` is every run: ``summarize(source.measure(progress))``;
+``run_validation(config)`` runs the engine. A new source is one module in sources/ that fills a Record;
+a new statistic is a function in stats.py; a new table reads the Report.
 """
 
 from __future__ import annotations

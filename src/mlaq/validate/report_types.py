@@ -5,9 +5,10 @@ read it; JSON exists only at the edge (``Report.to_json``: what ``--json`` print
 key for key as before). A section of a report is absent because its field is None (no noise floor, no
 as-configured variant, no task suite, no servers), never because of which source measured it.
 
-Frozen all the way down: the dataclass is frozen and every mapping inside it is a read-only view
-(``types.MappingProxyType``); reading works as on the JSON object (``report["schemes"]["mxfp4"]["kl"]``,
-``report.get("noise_floor")``), writing raises ``TypeError``.
+Frozen: the dataclass is frozen and every mapping inside it is a read-only view
+(``types.MappingProxyType``; lists stay lists, so figures compare equal to their JSON); reading works as
+on the JSON object (``report["schemes"]["mxfp4"]["kl"]``, ``report.get("noise_floor")``), assigning to a
+field or a key raises.
 """
 
 from __future__ import annotations

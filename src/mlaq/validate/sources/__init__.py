@@ -1,8 +1,9 @@
 """Measurement sources: each one measures the variants of a validation and returns one ``Record``.
 
-A source is anything with ``measure(progress) -> Record`` (see ``Source``). Today there is one, the
-in-memory engine (``engine.EngineSource``); a live server, a layer-streamed checkpoint or a task suite
-is one more module here that fills the same record — statistics and every report read only the record.
+A source is anything with ``measure(progress) -> Record`` (see ``Source``): the in-memory engine
+(``engine.EngineSource``), the checkpoint streamed layer by layer (``stream.StreamSource``) and live
+servers (``server.ServerSource``) fill the same record; ``mlaq.validate.runner.run`` measures any of
+them, and statistics and every report read only the record.
 """
 
 from __future__ import annotations
