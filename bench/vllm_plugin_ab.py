@@ -132,6 +132,9 @@ def compare(a: dict, b: dict) -> dict[str, Any]:
         "tokens_equal_until": equal,
         "positions": positions,
         "kl_mean": float(kl.mean()),
+        "kl_se": float(kl.std() / len(kls) ** 0.5)
+        if len(kls) > 1
+        else math.nan,  # positions are not independent
         "kl_max": float(kl.max()),
         "max_abs_dlogprob_chosen": max(dlp),
     }
@@ -154,7 +157,7 @@ def main() -> int:
         "args": vars(args) | {"model": str(args.model), "out": str(args.out)},
     }
     lines = [
-        "| pair | mode | identical | greedy tokens equal (of each prompt's) | positions | KL mean / max | max abs dlogprob (chosen) |",
+        "| pair | mode | identical | greedy tokens equal (of each prompt's) | positions | KL mean ± SE / max | max abs dlogprob (chosen) |",
         "|---|---|---|---|---|---|---|",
     ]
 
@@ -162,7 +165,7 @@ def main() -> int:
         results[f"{name} {mode}"] = c
         lines.append(
             f"| {name} | {mode} | {c['identical']} | {c['tokens_equal_until']} of {args.new_tokens} | {c['positions']} | "
-            f"{c['kl_mean']:.2e} / {c['kl_max']:.2e} | {c['max_abs_dlogprob_chosen']:.3g} |"
+            f"{c['kl_mean']:.2e} ± {c['kl_se']:.1e} / {c['kl_max']:.2e} | {c['max_abs_dlogprob_chosen']:.3g} |"
         )
         print(lines[-1], file=sys.stderr, flush=True)
 
