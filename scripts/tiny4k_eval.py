@@ -111,7 +111,7 @@ def main() -> None:
         result[name] = {
             "haystack": file,
             "tokens": len(ids),
-            "loss_by_position": loss_by_position(model, ids, ctx, a.windows),
+            "loss_by_position": loss_by_position(model, ids, ctx, a.windows) if a.windows else {},
             "tasks": tasks(model, Haystack(file, tuple(ids)), encode, lengths, a.samples, a.seed, names),
         }
         print(json.dumps({name: result[name]}), flush=True)
