@@ -114,8 +114,12 @@ def test_absorbed_attention_takes_the_blocked_path_for_long_runs(scheme):
     o_latent = whole(q, keys.float(), mask, 0.07, torch.bfloat16).transpose(0, 1).bfloat16()
     want = sch.apply(o_latent.reshape(N, t, L), w.w_uv).view(N, 1, t, V).permute(1, 2, 0, 3).bfloat16()
     diff = (got.float() - want.float()).abs()
-    # bf16 outputs: equal, or (where fp32 reassociation crossed a rounding boundary) one bf16 step apart
-    assert (diff <= want.float().abs() * 2**-7).all()
+    # bf16 outputs: equal, or where fp32 reassociation crossed a rounding boundary, apart by at most one bf16
+    # step of the output plus what one bf16 step (2^-7 relative) in every latent input can move it: near a
+    # cancellation (|out| << sum |o| |w_uv|) the second term dominates, and the GEMM's summation order is the
+    # CPU's (it differs between AVX-512 kernels)
+    spread = (o_latent.float().abs().reshape(N, t, L) @ w_uv.abs()).view(N, 1, t, V).permute(1, 2, 0, 3)
+    assert (diff <= (want.float().abs() + spread) * 2**-7).all()
     assert (diff > 0).float().mean() <= 1e-3
 
 
