@@ -53,7 +53,9 @@ def test_batch_invariance(name):
     change its summation order with the batch size). SGLang's per-tensor activation path lacks this."""
     s = get_scheme(name)
     if not s.batch_invariant:
-        pytest.skip(f"{name} is not batch invariant by design (tests/test_bmm_sglang.py checks that it is not)")
+        pytest.skip(
+            f"{name} is not batch invariant by design (tests/test_bmm_sglang.py checks that it is not)"
+        )
     g = torch.Generator().manual_seed(1)
     x = (torch.randn(4, 33, 192, generator=g) * torch.exp(2 * torch.randn(4, 33, 1, generator=g))).bfloat16()
     prepared = s.prepare(torch.randn(4, 192, 64, generator=g))
