@@ -46,12 +46,14 @@ def test_the_default_is_mlaq_tiny_4k_and_mlaq_tiny_stays_bundled() -> None:
     assert DEFAULT_MODEL == "mlaq-tiny-4k" and bundled_model_dir() == DEFAULT
     assert model_or_default(None) == str(DEFAULT) and model_or_default("x/y") == "x/y"
     assert bundled_model_dir("mlaq-tiny") == ASSETS / "mlaq-tiny"
-    with pytest.raises(ValueError, match="no bundled model 'nope'; bundled: mlaq-tiny-4k, mlaq-tiny"):
+    with pytest.raises(
+        ValueError, match="no bundled model 'nope'; bundled: mlaq-tiny-4k, mlaq-tiny, mlaq-tiny-16k"
+    ):
         bundled_model_dir("nope")
 
 
 def test_asset_files_present(asset: Path) -> None:
-    extra = ("heldout-prose.txt", "training.json") if asset == DEFAULT else ()
+    extra = ("heldout-prose.txt", "training.json") if asset.name != "mlaq-tiny" else ()
     missing = [name for name in (*FILES, *extra) if not (asset / name).is_file()]
     assert not missing, f"missing from {asset}: {missing}"
 
@@ -149,7 +151,7 @@ def test_tokenizer_round_trips(asset: Path) -> None:
 def test_heldout_texts(asset: Path) -> None:
     code = (asset / "heldout.txt").read_text()
     assert 100_000 <= len(code.encode()) <= 1_000_000 and code.startswith("# file: ")
-    if asset == DEFAULT:  # a second held-out source of another kind: English prose, not code
+    if asset.name != "mlaq-tiny":  # a second held-out source of another kind: English prose, not code
         prose = (asset / "heldout-prose.txt").read_text()
         assert 100_000 <= len(prose.encode()) <= 1_000_000 and not prose.startswith("# file: ")
         assert prose.count(" the ") > 10 * prose.count("def ")

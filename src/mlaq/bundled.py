@@ -4,7 +4,8 @@
 given: mlaq-tiny-4k, a trained DeepSeek-V3 with DeepSeek-V3's real per-head MLA geometry (kv_lora_rank
 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128), one MTP layer and a 4096-token context.
 The older mlaq-tiny (kv_lora_rank 128, rope 32, context 2048) stays shipped and loadable by path or by
-name (``bundled_model_dir("mlaq-tiny")``); it is no longer the default.
+name (``bundled_model_dir("mlaq-tiny")``); it is no longer the default. mlaq-tiny-16k is mlaq-tiny-4k
+extended to 16,384 tokens with DeepSeek-V3's YaRN (``bundled_model_dir("mlaq-tiny-16k")``).
 
 No heavy imports here: the command-line parser and ``mlaq explain`` (config files only) read this.
 
@@ -18,7 +19,8 @@ from importlib import resources
 from pathlib import Path
 
 DEFAULT_MODEL = "mlaq-tiny-4k"
-BUNDLED_MODELS = (DEFAULT_MODEL, "mlaq-tiny")  # every checkpoint under mlaq/assets, default first
+# every checkpoint under mlaq/assets, default first
+BUNDLED_MODELS = (DEFAULT_MODEL, "mlaq-tiny", "mlaq-tiny-16k")
 EVAL_TEXT_NAME = "heldout.txt"  # the held-out evaluation text shipped beside a bundled checkpoint
 
 
