@@ -46,6 +46,14 @@ def test_a_flat_drop_shows_no_trend_and_says_what_is_ruled_out():
     assert shrink.answer.startswith("The drop shrinks with length")
 
 
+def test_identical_drops_bound_nothing():
+    """No sample changed its answer at any length: the bootstrap interval is a point, not evidence."""
+    t = length_trend({n: [0.0, 0.0] for n in LENGTHS})
+    assert t.slope_ci == (0.0, 0.0)
+    assert t.answer.startswith("No trend with length was seen, and none can be bounded")
+    assert "ruled out" not in t.answer
+
+
 def test_interval_covers_the_true_slope_about_95_percent_of_the_time():
     """Normal drops with a known slope of 0.05 per doubling, 30 samples per length, 200 runs."""
     rng = np.random.default_rng(2)

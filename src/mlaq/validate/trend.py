@@ -108,6 +108,9 @@ def trend_answer(t: Trend) -> str:
         f"{_amount(hi, t.unit)}; {t.lengths[-1]} minus {t.lengths[0]} tokens: {_amount(t.difference, t.unit)}, "
         f"CI {_amount(t.difference_ci[0], t.unit)} to {_amount(t.difference_ci[1], t.unit)})"
     )
+    if lo == hi == 0:  # every resample flat (e.g. no sample changed its answer): no bound on the trend
+        return (f"No trend with length was seen, and none can be bounded: {per}; every bootstrap resample is flat "
+                f"(n = {'/'.join(str(n) for n in t.n)} per length), so take more samples.")  # fmt: skip
     if lo > 0:
         return f"The drop grows with length: {per}."
     if hi < 0:
