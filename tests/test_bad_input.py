@@ -45,7 +45,7 @@ def _no_measuring(monkeypatch) -> None:
     def measure(*_a, **_k):
         raise AssertionError("measured before --out was checked")
 
-    monkeypatch.setattr("mlaq.validate.runner.measure", measure)
+    monkeypatch.setattr("mlaq.validate.sources.engine.EngineSource.measure", measure)
 
 
 @pytest.mark.parametrize("where", ["file", "file/sub", "/proc/mlaq-x", "/sys/mlaq-x"])
@@ -65,7 +65,7 @@ def test_bad_out_is_refused_before_measuring(where, tmp_path, monkeypatch, capsy
 def test_results_are_printed_before_a_failing_write(tmp_path, monkeypatch, capsys) -> None:
     from test_validate_record import hand_record
 
-    monkeypatch.setattr("mlaq.validate.runner.measure", lambda *_a, **_k: hand_record())
+    monkeypatch.setattr("mlaq.validate.sources.engine.EngineSource.measure", lambda *_a, **_k: hand_record())
 
     def disk_full(*_a, **_k):
         raise OSError(28, "No space left on device")
