@@ -76,5 +76,7 @@ def test_serve_without_model_serves_the_4k_model(monkeypatch) -> None:
 
 def test_commands_without_a_model_default() -> None:
     assert "model" not in vars(_args("bench-bmm"))
-    with pytest.raises(SystemExit):  # audit reads a CHECKPOINT the user names
-        _args("audit")
+    from mlaq.bundled import model_or_default
+
+    args = _args("audit")  # audit too: no CHECKPOINT means the bundled model, resolved when it runs
+    assert args.checkpoint is None and Path(model_or_default(args.checkpoint)).resolve() == DEFAULT
