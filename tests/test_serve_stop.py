@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -113,6 +114,20 @@ def _start(ckpt) -> tuple[subprocess.Popen, int, list[str]]:
     pytest.fail("server did not start:\n" + "".join(lines))
 
 
+def _wait_running(port: int, n: int, timeout: float = 60.0) -> None:
+    """Until the server's vllm:num_requests_running gauge reaches n."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        running = [
+            float(x.split()[-1]) for x in text.splitlines() if x.startswith("vllm:num_requests_running")
+        ]
+        if running and running[0] >= n:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"fewer than {n} requests running after {timeout} s")
+
+
 def test_double_ctrl_c_ends_every_request_with_an_error_and_no_traceback(ckpt):
     proc, port, lines = _start(ckpt)
     url = f"http://127.0.0.1:{port}/v1/completions"
@@ -136,6 +151,7 @@ def test_double_ctrl_c_ends_every_request_with_an_error_and_no_traceback(ckpt):
         for c in clients:
             c.start()
         assert started.wait(60)
+        _wait_running(port, 2)  # both requests in the batch before the first Ctrl-C, not still connecting
         proc.send_signal(signal.SIGINT)
         threading.Event().wait(0.5)
         proc.send_signal(signal.SIGINT)  # the impatient second Ctrl-C: stop now, not in 30 s
