@@ -80,3 +80,21 @@ def test_commands_without_a_model_default() -> None:
 
     args = _args("audit")  # audit too: no CHECKPOINT means the bundled model, resolved when it runs
     assert args.checkpoint is None and Path(model_or_default(args.checkpoint)).resolve() == DEFAULT
+
+
+def test_a_bundled_name_resolves_unless_a_local_path_has_it(tmp_path, monkeypatch) -> None:
+    from mlaq.bundled import bundled_model_dir, model_or_default
+
+    monkeypatch.chdir(tmp_path)
+    assert Path(model_or_default("mlaq-tiny-16k")) == bundled_model_dir("mlaq-tiny-16k")
+    assert model_or_default("no-such-model") == "no-such-model"  # left to the loader's own error
+    (tmp_path / "mlaq-tiny-16k").mkdir()  # a local directory of that name wins
+    assert model_or_default("mlaq-tiny-16k") == "mlaq-tiny-16k"
+
+
+def test_validate_takes_a_bundled_name() -> None:
+    from mlaq.bundled import bundled_model_dir
+    from mlaq.cli.validate import config_from_args
+
+    cfg = config_from_args(_args("validate", "mlaq-tiny-16k"))
+    assert Path(cfg.model).resolve() == bundled_model_dir("mlaq-tiny-16k").resolve()

@@ -11,6 +11,9 @@ No heavy imports here: the command-line parser and ``mlaq explain`` (config file
 
 >>> bundled_model_dir().name
 'mlaq-tiny-4k'
+
+Every command's MODEL also takes a bundled model's name (``mlaq validate mlaq-tiny-16k``); a local
+directory of the same name wins.
 """
 
 from __future__ import annotations
@@ -38,5 +41,11 @@ def bundled_model_dir(name: str = DEFAULT_MODEL) -> Path:
 
 
 def model_or_default(model: str | None) -> str:
-    """``model`` as given, or the default bundled checkpoint's directory when it is None or empty."""
-    return model if model else str(bundled_model_dir())
+    """``model`` as given; the default bundled checkpoint's directory when it is None or empty; a bundled
+    checkpoint's directory when ``model`` is one of ``BUNDLED_MODELS`` and no local path of that name exists
+    (``mlaq validate mlaq-tiny-16k``)."""
+    if not model:
+        return str(bundled_model_dir())
+    if model in BUNDLED_MODELS and not Path(model).exists():
+        return str(bundled_model_dir(model))
+    return model

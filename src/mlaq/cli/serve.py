@@ -13,7 +13,10 @@ from mlaq.cli.generate import add_compile_arguments
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", metavar="MODEL", nargs="?", help="checkpoint directory (default: the bundled mlaq-tiny-4k)"
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        help="checkpoint directory or a bundled model's name (default: the bundled mlaq-tiny-4k; also mlaq-tiny-16k)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)"

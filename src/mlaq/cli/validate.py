@@ -36,7 +36,10 @@ _ALL_TASKS = "needle,multikey,copy,vartrack"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", metavar="MODEL", nargs="?", help="checkpoint directory (default: the bundled mlaq-tiny-4k)"
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        help="checkpoint directory or a bundled model's name (default: the bundled mlaq-tiny-4k; also mlaq-tiny-16k)",
     )
     parser.add_argument(
         "--schemes",
@@ -154,14 +157,14 @@ def _schemes(values: list[str] | None, as_configured: bool) -> tuple[str, ...]:
 def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported lazily)
     from pathlib import Path
 
-    from mlaq.bundled import bundled_model_dir
+    from mlaq.bundled import model_or_default
     from mlaq.model.loading.checkpoint import check_weight_files
     from mlaq.policy.local_dir import require_local_dir
     from mlaq.settings import Settings
     from mlaq.validate.config import ValidateConfig, default_eval_text
     from mlaq.validate.variants import precision_of
 
-    model = require_local_dir(args.model) if args.model else bundled_model_dir()
+    model = require_local_dir(model_or_default(args.model))
     if not (model / "config.json").is_file():
         raise FileNotFoundError(f"{model}: not a checkpoint directory (no config.json)")
     check_weight_files(model)  # the checkpoint before any other input
