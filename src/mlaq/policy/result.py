@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from mlaq.policy.checkpoint import CheckpointQuant
 from mlaq.policy.explicit import ExplicitConfig
-from mlaq.policy.model_config import MlaModel
+from mlaq.policy.model_config import MlaModel, layer_ranges
 from mlaq.policy.stored import UNQUANTIZED, StoredFormat, fnuz_variant
 from mlaq.settings import Engine, Settings
 
@@ -169,3 +170,26 @@ class PolicyResult:
     def log(self, logger: logging.Logger | None = None) -> None:
         level, message = self.summary()
         (logger or logging.getLogger(LOGGER_NAME)).log(level, message)
+
+
+def require_platform(defaults: str, engine: str, settings: Settings, engine_env: object | None) -> None:
+    """``--engine-defaults {defaults}`` decides by the GPU: the platform (and its environment) must be known."""
+    if settings.platform is None or engine_env is None:
+        raise ValueError(
+            f"--engine-defaults {defaults} needs --platform (rocm-gfx942, rocm-gfx950, cuda or cpu): what "
+            f"{engine} runs depends on the GPU"
+        )
+
+
+def every_layer(
+    model: MlaModel,
+    checkpoint: CheckpointQuant,
+    settings: Settings,
+    explicit: ExplicitConfig | None,
+    layer: Callable[[int], LayerDecision],
+) -> PolicyResult:
+    """The result of deciding each MLA layer with ``layer(i)`` (an engine's rules)."""
+    layers = tuple(layer(i) for i in model.layer_indices)
+    if not layers:
+        raise ValueError(f"no MLA layers in {layer_ranges(model.layer_indices)}")
+    return PolicyResult(model, checkpoint, settings, explicit, layers)

@@ -27,8 +27,8 @@ from collections.abc import Collection
 
 from mlaq.policy.checkpoint import CheckpointQuant, native_scheme
 from mlaq.policy.explicit import ExplicitConfig
-from mlaq.policy.model_config import MlaModel, layer_ranges
-from mlaq.policy.result import LayerDecision, PolicyResult, Rule
+from mlaq.policy.model_config import MlaModel
+from mlaq.policy.result import LayerDecision, PolicyResult, Rule, every_layer, require_platform
 from mlaq.settings import Platform, Settings
 
 LOADER = "deepseek_weight_loader.py post_load_weights"
@@ -157,11 +157,7 @@ def decide_sglang_0523(
     schemes: Collection[str],
 ) -> PolicyResult:
     """Every MLA layer as SGLang 0.5.23 with its defaults (and the user's SGLANG_* variables) runs it."""
-    if settings.platform is None or settings.sglang is None:
-        raise ValueError(
-            "--engine-defaults sglang-0.5.23 needs --platform (rocm-gfx942, rocm-gfx950, cuda or cpu): what "
-            "SGLang runs depends on the GPU"
-        )
+    require_platform("sglang-0.5.23", "SGLang", settings, settings.sglang)
     if explicit is not None:
         raise ValueError(
             "--engine-defaults sglang-0.5.23 takes no --quantization-config: SGLang 0.5.23 has no per-layer "
@@ -172,7 +168,6 @@ def decide_sglang_0523(
             f"--engine-defaults sglang-0.5.23: architecture {model.architecture or '(none in config.json)'!r} "
             f"is not one whose MLA weight loading mlaq has read ({', '.join(ARCHITECTURES)})"
         )
-    layers = tuple(_layer(i, model, checkpoint, settings, schemes) for i in model.layer_indices)
-    if not layers:
-        raise ValueError(f"no MLA layers in {layer_ranges(model.layer_indices)}")
-    return PolicyResult(model, checkpoint, settings, explicit, layers)
+    return every_layer(
+        model, checkpoint, settings, explicit, lambda i: _layer(i, model, checkpoint, settings, schemes)
+    )

@@ -24,8 +24,8 @@ from collections.abc import Collection
 from mlaq.policy import platform
 from mlaq.policy.checkpoint import CheckpointQuant, native_scheme
 from mlaq.policy.explicit import ExplicitConfig, ExplicitMatch, match_model
-from mlaq.policy.model_config import MlaModel, layer_ranges
-from mlaq.policy.result import LayerDecision, PolicyResult, Rule
+from mlaq.policy.model_config import MlaModel
+from mlaq.policy.result import LayerDecision, PolicyResult, Rule, every_layer, require_platform
 from mlaq.policy.vllm_online import VLLM_SHORTHANDS
 from mlaq.settings import Platform, Settings, VllmRocmEnv
 
@@ -121,15 +121,14 @@ def decide_vllm_032(
     schemes: Collection[str],
 ) -> PolicyResult:
     """Every MLA layer as vLLM 0.32 with its defaults (and the user's VLLM_ROCM_* variables) runs it."""
-    if settings.platform is None or settings.vllm is None:
-        raise ValueError(
-            "--engine-defaults vllm-0.32 needs --platform (rocm-gfx942, rocm-gfx950, cuda or cpu): what vLLM "
-            "runs depends on the GPU"
-        )
+    require_platform("vllm-0.32", "vLLM", settings, settings.vllm)
     matches = (
         match_model(explicit, model) if explicit is not None else (ExplicitMatch(),) * model.num_mla_layers
     )
-    layers = tuple(_layer(i, model, checkpoint, settings, matches[i], schemes) for i in model.layer_indices)
-    if not layers:
-        raise ValueError(f"no MLA layers in {layer_ranges(model.layer_indices)}")
-    return PolicyResult(model, checkpoint, settings, explicit, layers)
+    return every_layer(
+        model,
+        checkpoint,
+        settings,
+        explicit,
+        lambda i: _layer(i, model, checkpoint, settings, matches[i], schemes),
+    )
