@@ -25,7 +25,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 TRUE_SPELLINGS = ("1", "true", "yes", "on")
 FALSE_SPELLINGS = ("0", "false", "no", "off")
@@ -117,66 +117,63 @@ class Engine(str, Enum):
         return self.value
 
 
+_S = TypeVar("_S", bound="_EngineSwitches")
+
+
+class _EngineSwitches:
+    """An engine's boolean switches (dataclass fields made by ``_env_field``), read as the engine reads
+    them: true/1 or false/0 (any case); any other spelling is refused with the class's ``REFUSAL``."""
+
+    REFUSAL: ClassVar[str]
+
+    @classmethod
+    def from_env(cls: type[_S], env: Mapping[str, str]) -> _S:
+        values = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            name, raw = f.metadata["env"], env.get(f.metadata["env"])
+            if raw is None:
+                values[f.name] = f.default
+            elif raw.lower() in ("true", "1", "false", "0"):
+                values[f.name] = raw.lower() in ("true", "1")  # the engine's own test
+            else:
+                raise ValueError(f"{name}={raw!r}: {cls.REFUSAL}")
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        return {f.metadata["env"]: "1" if getattr(self, f.name) else "0" for f in fields(self)}  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
-class VllmRocmEnv:
+class VllmRocmEnv(_EngineSwitches):
     """vLLM 0.32's ROCm switches for the MLA BMMs, with vLLM's defaults (vllm/envs.py): the master flag
     VLLM_ROCM_USE_AITER defaults to False, the two BMM flags to True. vLLM reads
     ``value.lower() in ("true", "1")``; mlaq refuses a spelling vLLM would silently read as False."""
+
+    REFUSAL: ClassVar[str] = (
+        "vLLM 0.32 reads anything but true/1 as False (vllm/envs.py); set 1/true or 0/false"
+    )
 
     aiter: bool = _env_field("VLLM_ROCM_USE_AITER", "vLLM's AITER master switch (vLLM default 0)")
     fp8bmm: bool = _env_field("VLLM_ROCM_USE_AITER_FP8BMM", "AITER FP8 BMM for MLA (vLLM default 1)", True)
     fp4bmm: bool = _env_field("VLLM_ROCM_USE_AITER_FP4BMM", "AITER FP4 BMM for MLA (vLLM default 1)", True)
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> VllmRocmEnv:
-        values = {}
-        for f in fields(cls):
-            name, raw = f.metadata["env"], env.get(f.metadata["env"])
-            if raw is None:
-                values[f.name] = f.default
-            elif raw.lower() in ("true", "1", "false", "0"):
-                values[f.name] = raw.lower() in ("true", "1")  # vllm/envs.py's own test
-            else:
-                raise ValueError(
-                    f"{name}={raw!r}: vLLM 0.32 reads anything but true/1 as False (vllm/envs.py); "
-                    "set 1/true or 0/false"
-                )
-        return cls(**values)
-
-    def to_env(self) -> dict[str, str]:
-        return {f.metadata["env"]: "1" if getattr(self, f.name) else "0" for f in fields(self)}
-
 
 @dataclass(frozen=True)
-class SglangEnv:
+class SglangEnv(_EngineSwitches):
     """SGLang 0.5.23's switches for the MLA BMMs, with SGLang's defaults: SGLANG_USE_AITER (False; read by
     ``get_bool_env_var`` in srt/models/deepseek_common/utils.py, which reads anything but true/1 as False)
     and SGLANG_USE_DEEPGEMM_BMM (False; srt/environ.py ``EnvBool``). mlaq refuses a spelling SGLang would
     read differently in its two parsers (``yes``: True for EnvBool, False for get_bool_env_var)."""
 
+    REFUSAL: ClassVar[str] = (
+        "SGLang 0.5.23 reads only true/1 and false/0 the same everywhere "
+        "(srt/utils/common.py get_bool_env_var treats anything else as False); set 1/true or 0/false"
+    )
+
     aiter: bool = _env_field("SGLANG_USE_AITER", "SGLang's AITER switch on ROCm (SGLang default 0)")
     deepgemm_bmm: bool = _env_field(
         "SGLANG_USE_DEEPGEMM_BMM", "DeepGEMM's block-FP8 BMM for MLA on Hopper (SGLang default 0)"
     )
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> SglangEnv:
-        values = {}
-        for f in fields(cls):
-            name, raw = f.metadata["env"], env.get(f.metadata["env"])
-            if raw is None:
-                values[f.name] = f.default
-            elif raw.lower() in ("true", "1", "false", "0"):
-                values[f.name] = raw.lower() in ("true", "1")
-            else:
-                raise ValueError(
-                    f"{name}={raw!r}: SGLang 0.5.23 reads only true/1 and false/0 the same everywhere "
-                    "(srt/utils/common.py get_bool_env_var treats anything else as False); set 1/true or 0/false"
-                )
-        return cls(**values)
-
-    def to_env(self) -> dict[str, str]:
-        return {f.metadata["env"]: "1" if getattr(self, f.name) else "0" for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -267,9 +264,7 @@ def _explicit_vllm_bool(name: str, raw: str | None) -> bool | None:
         return None
     if raw.strip().lower() in ("true", "1", "false", "0"):
         return raw.strip().lower() in ("true", "1")
-    raise ValueError(
-        f"{name}={raw!r}: vLLM 0.32 reads anything but true/1 as False (vllm/envs.py); set 1/true or 0/false"
-    )
+    raise ValueError(f"{name}={raw!r}: {VllmRocmEnv.REFUSAL}")
 
 
 @dataclass(frozen=True)
