@@ -37,6 +37,19 @@ def add_platform_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tp_argument(parser: argparse.ArgumentParser) -> None:
+    """``--tensor-parallel-size``, shared with ``mlaq validate``."""
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="vLLM's --tensor-parallel-size: each of N ranks holds num_heads/N heads of kv_b_proj, and the "
+        "BMM weights' per-tensor scales are computed over each rank's shard (default 1)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model",
@@ -50,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='vLLM 0.32\'s config: \'{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}\', @file.json or a path',
     )
     add_platform_arguments(parser)
+    add_tp_argument(parser)
     parser.add_argument(
         "--check-weights",
         action="store_true",
@@ -68,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env(platform=args.platform, engine=args.engine_defaults)
     model = model_or_default(args.model)
-    found = explain(model, settings, args.quantization_config)
+    found = explain(model, settings, args.quantization_config, args.tensor_parallel_size)
     weights = check_kv_b_weights(model, found.result) if args.check_weights else None
     if args.json:
         out = found.to_json()

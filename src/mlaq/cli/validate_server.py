@@ -80,6 +80,11 @@ def source_from_args(args: argparse.Namespace, tasks: Callable[[], Any]):  # -> 
     for dest, flag in _LOCAL_ONLY.items():
         if getattr(args, dest, None) not in (None, False):
             raise ValueError(f"{flag} is for local validation; with --server the server's own flags decide")
+    if getattr(args, "tensor_parallel_size", 1) != 1:
+        raise ValueError(
+            "--tensor-parallel-size is for local validation; with --server the server's own "
+            "--tensor-parallel-size decides"
+        )
     if args.reference_model and not args.reference:
         raise ValueError("--reference-model needs --reference URL")
 

@@ -46,6 +46,7 @@ class MlaModel:
     dtype: str  # "bf16" | "fp16" | "fp32": the precision of unquantized weights
     layers_prefix: str = "model.layers"
     architecture: str = ""  # config.json's architectures[0] ("DeepseekV3ForCausalLM"); SGLang's rules read it
+    num_attention_heads: int = 0  # 0: not in config.json (the tensor-parallel split needs it)
 
     @property
     def num_mla_layers(self) -> int:
@@ -122,6 +123,7 @@ def mla_model(config: Mapping[str, Any], layers_prefix: str = "model.layers") ->
         dtype=dtype,
         layers_prefix=layers_prefix,
         architecture=_architecture(config),
+        num_attention_heads=_int(cfg, "num_attention_heads", 0),
     )
 
 

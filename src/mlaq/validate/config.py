@@ -79,6 +79,7 @@ class ValidateConfig:
     settings: Settings = field(default_factory=Settings)  # only for as_configured
     quantization_config: str | None = None  # only for as_configured (JSON text or @file)
     precision: Precision = Precision.DECODE_ONLY  # which kv_b weights prefill (naive MLA) uses
+    tensor_parallel_size: int = 1  # BMM scales computed per rank's shard of the heads (vLLM's TP)
     context_len: int | None = None  # None: min(max_position_embeddings, d.MAX_DEFAULT_CONTEXT)
     windows: int = d.WINDOWS  # teacher-forced windows of context_len tokens
     buckets: int = d.BUCKETS  # context-position buckets
@@ -106,6 +107,8 @@ class ValidateConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
         if self.flip_rows < 0:
             raise ValueError(f"flip_rows must be >= 0, got {self.flip_rows}")
         if self.num_speculative_tokens < 0:

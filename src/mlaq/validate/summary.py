@@ -165,8 +165,16 @@ def caption(report: dict[str, Any]) -> str:
         f"{c['windows']} x {c['context_len']}-token windows, {c['prompts']} prompts x {c['max_tokens']} "
         f"greedy tokens"
         + (f", MTP k={k}" if k else "")
-        + f", precision {c['precision']}, seed {report['seed']}"
+        + f", precision {c['precision']}"
+        + tp_caption(c)
+        + f", seed {report['seed']}"
     )
+
+
+def tp_caption(c: dict[str, Any]) -> str:
+    """``, tensor parallel 2 (per-tensor BMM scales per rank's heads)`` at a size above 1, else nothing."""
+    tp = c.get("tensor_parallel_size", 1)
+    return f", tensor parallel {tp} (BMM scales per rank's shard of the heads)" if tp > 1 else ""
 
 
 def print_summary(report: dict[str, Any], stream: Any = None, *, use_rich: bool = True) -> None:

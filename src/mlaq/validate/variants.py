@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from mlaq.bmm import get_scheme
+from mlaq.bmm.tp import shard_heads
 from mlaq.model import DeepseekForCausalLM, Precision, load_model
 from mlaq.settings import Settings
 from mlaq.validate.config import ValidateConfig, Variant, VariantKind
@@ -35,7 +37,11 @@ class ModelPool:
             # Settings() (every flag off), no explicit config: the checkpoint's weights as stored, then
             # every layer is re-prepared with the variant's scheme from the exactly dequantized kv_b_proj.
             self._models[dtype] = load_model(
-                self.config.model, dtype=dtype, settings=Settings(), precision=self.config.precision
+                self.config.model,
+                dtype=dtype,
+                settings=Settings(),
+                precision=self.config.precision,
+                tensor_parallel_size=self.config.tensor_parallel_size,
             )
         return self._models[dtype]
 
@@ -49,6 +55,7 @@ class ModelPool:
                     settings=self.config.settings,
                     quantization_config=self.config.quantization_config,
                     precision=self.config.precision,
+                    tensor_parallel_size=self.config.tensor_parallel_size,
                 )
             return self._as_configured
         assert variant.scheme is not None
@@ -58,7 +65,8 @@ class ModelPool:
             for i, layer in enumerate(model.model.layers):  # main and MTP layers alike
                 ab = None if saved is None else saved[i]
                 if ab is None:
-                    layer.self_attn.prepare(variant.scheme, self.config.precision)
+                    scheme = shard_heads(get_scheme(variant.scheme), self.config.tensor_parallel_size)
+                    layer.self_attn.prepare(scheme, self.config.precision)
                 else:
                     attn = layer.self_attn
                     attn.set_absorbed(

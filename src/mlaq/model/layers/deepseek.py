@@ -97,6 +97,7 @@ class DeepseekForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, device=device)
         self.bmm_decisions: tuple[Any, ...] = ()  # policy LayerDecisions, one per MLA layer (load_model)
         self.policy: Any = None  # the PolicyResult they came from
+        self.tensor_parallel_size = 1  # the ranks whose head shards the BMM scales were computed over
         self.rope_table = RopeTable(self.mla_config.rope)  # cos/sin once per device, shared by all layers
         self._main_layers = tuple(
             self.model.layers[: cfg.num_hidden_layers]

@@ -13,6 +13,9 @@
   split it, as SGLang does: W_UK and W_UV^T share that scale.
 - Otherwise the scheme does not run the stored format (targets / flags chose another): the stored weight
   is dequantized exactly (fp32) and the scheme's ``prepare`` quantizes it.
+- ``tp_size`` > 1 (``--tensor-parallel-size``): a re-quantized weight is quantized per rank, over the heads
+  each rank holds (:mod:`mlaq.bmm.tp`), SGLang's whole-kv_b scale over each rank's rows. The checkpoint's
+  own codes and scales (rule ``checkpoint``) are sliced by the ranks unchanged, so they need no sharding.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from mlaq.bmm import PreparedWeight, get_scheme
 from mlaq.bmm.kv_b import split_kv_b_proj, split_kv_b_proj_fp8, split_kv_b_proj_fp8_scaled
 from mlaq.bmm.sglang_fp8 import sglang_kv_b_proj, whole_kv_b
+from mlaq.bmm.tp import TensorParallel, head_shards, shard_heads
 from mlaq.formats import MxElem, MxTensor, e4m3fn_to_e4m3fnuz
 from mlaq.model.layers.mla import MLAttention
 from mlaq.model.layers.mla_core import Precision
@@ -39,21 +43,45 @@ _STORED = MappingProxyType(
 )
 
 
-def apply_decision(attn: MLAttention, decision: Any, stored: CheckpointWeight, precision: Precision) -> None:
+def apply_decision(
+    attn: MLAttention, decision: Any, stored: CheckpointWeight, precision: Precision, tp_size: int = 1
+) -> None:
     """Prepare ``attn``'s absorbed BMMs as ``decision`` (a policy LayerDecision) says."""
     c = attn.config
-    w_uk, w_uv = prepare_absorbed(decision, stored, c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
-    scheme, scheme_uk = get_scheme(decision.scheme), get_scheme(decision.scheme_uk)
+    w_uk, w_uv = prepare_absorbed(decision, stored, c.num_heads, c.qk_nope_head_dim, c.v_head_dim, tp_size)
+    scheme, scheme_uk = absorbed_schemes(decision, tp_size)
     attn.set_absorbed(w_uk, w_uv, scheme_uk, precision=precision, scheme_uv=scheme)
 
 
+def absorbed_schemes(decision: Any, tp_size: int = 1) -> tuple[Any, Any]:
+    """(W_UV^T's scheme, W_UK's scheme), run per tensor-parallel shard where the loader re-quantizes."""
+    scheme, scheme_uk = get_scheme(decision.scheme), get_scheme(decision.scheme_uk)
+    if decision.uses_checkpoint_data:
+        return scheme, scheme_uk
+    return shard_heads(scheme, tp_size), shard_heads(scheme_uk, tp_size)
+
+
 def prepare_absorbed(
-    decision: Any, stored: CheckpointWeight, n: int, p: int, v: int
+    decision: Any, stored: CheckpointWeight, n: int, p: int, v: int, tp_size: int = 1
 ) -> tuple[PreparedWeight, PreparedWeight]:
     """(W_UK as ``decision.scheme_uk``, W_UV^T as ``decision.scheme``) exactly as the loader prepares them
-    from ``stored`` (N heads, P = qk_nope_head_dim, V = v_head_dim); ``mlaq audit`` measures these."""
+    from ``stored`` (N heads, P = qk_nope_head_dim, V = v_head_dim) on ``tp_size`` ranks; ``mlaq audit``
+    measures these."""
     check_stored(decision, stored)
-    scheme, scheme_uk = get_scheme(decision.scheme), get_scheme(decision.scheme_uk)
+    scheme, scheme_uk = absorbed_schemes(decision, tp_size)
+    if isinstance(scheme, TensorParallel) and whole_kv_b(scheme.inner):
+        assert isinstance(scheme_uk, TensorParallel)
+        rows = stored.dequantize().view(n, p + v, -1)  # (N, P+V, L): rank r's rows are its heads'
+        parts = [
+            sglang_kv_b_proj(
+                scheme_uk.inner, scheme.inner, rows[a:b].reshape(-1, rows.shape[-1]), b - a, p, v
+            )  # type: ignore[arg-type]
+            for a, b in head_shards(n, tp_size)
+        ]
+        return (
+            scheme_uk.prepare_shards(tuple(uk for uk, _ in parts)),
+            scheme.prepare_shards(tuple(uv for _, uv in parts)),
+        )
     if not decision.uses_checkpoint_data and whole_kv_b(scheme) and whole_kv_b(scheme_uk):
         return sglang_kv_b_proj(scheme_uk, scheme, stored.dequantize(), n, p, v)  # type: ignore[arg-type]
     if not decision.uses_checkpoint_data:

@@ -16,6 +16,7 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
+from mlaq.bmm.tp import check_tp_size
 from mlaq.model.config import ModelConfig
 from mlaq.model.layers.deepseek import DeepseekForCausalLM
 from mlaq.model.layers.mla_core import Precision
@@ -47,6 +48,7 @@ def load_model(
     quantization_config: ExplicitConfig | str | None = None,
     precision: Precision = Precision.DECODE_ONLY,
     load_mtp: bool | None = None,
+    tensor_parallel_size: int = 1,
 ) -> DeepseekForCausalLM:
     """Load ``path`` (config.json + model.safetensors or a sharded index).
 
@@ -54,10 +56,13 @@ def load_model(
     from the environment). quantization_config: ``--quantization-config`` JSON text or parsed object.
     precision: which kv_b weights prefill uses (DECODE_ONLY: the checkpoint's, as vLLM; CONSISTENT: the
     scheme's). load_mtp: None loads the MTP layers if the checkpoint stores them, True requires them.
+    tensor_parallel_size: the BMM weights are re-quantized per rank's shard of the heads, as vLLM's
+    ``--tensor-parallel-size`` runs them (:mod:`mlaq.bmm.tp`); the outputs are the ranks' concatenated.
     """
     bound_onednn_caches()  # before the process's first bf16 GEMM (mlaq.settings): no per-shape growth
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
+    check_tp_size(tensor_parallel_size, cfg.num_attention_heads)
     quant = CheckpointQuant.from_hf(cfg.hf, str(path / "config.json"))
     if quant.method is None and (path / "hf_quant_config.json").is_file():
         raise ValueError(
@@ -82,8 +87,9 @@ def load_model(
         kv_b = _load_weights(model, ckpt, quant, dtype)
     for layer, stored in sorted(kv_b.items()):
         attn = model.model.layers[layer].self_attn
-        apply_decision(attn, policy.for_layer(layer), stored, precision)
+        apply_decision(attn, policy.for_layer(layer), stored, precision, tensor_parallel_size)
     model.bmm_decisions = policy.layers
+    model.tensor_parallel_size = tensor_parallel_size
     model.policy = policy
     for module in model.modules():
         if isinstance(module, MoE):

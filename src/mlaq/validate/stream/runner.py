@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mlaq.bmm import get_scheme
+from mlaq.bmm.tp import shard_heads
 from mlaq.engine.tokenizer import Tokenizer
 from mlaq.libc import return_freed_memory
 from mlaq.model.layers.mla_core import AbsorbedWeights
@@ -277,9 +279,11 @@ def _preparer(layer: StreamedLayer, policy, config: ValidateConfig) -> Callable[
     def prepare(v: Variant) -> AbsorbedWeights:
         attn = layer.modules[v.dtype].self_attn
         if v.kind is VariantKind.AS_CONFIGURED:
-            apply_decision(attn, policy.for_layer(layer.index), layer.kv_b, config.precision)
+            apply_decision(
+                attn, policy.for_layer(layer.index), layer.kv_b, config.precision, config.tensor_parallel_size
+            )
         else:
-            attn.prepare(v.scheme, config.precision)
+            attn.prepare(shard_heads(get_scheme(v.scheme), config.tensor_parallel_size), config.precision)
         assert attn.absorbed is not None
         return attn.absorbed
 
