@@ -35,7 +35,7 @@ class _Fake:
     def __init__(self, kind: str) -> None:
         self.kind = kind
 
-    def prefill(self, ids, cache, logits_index=None):
+    def prefill_cache(self, ids, cache):
         return None
 
     def decode(self, tail, cache):
@@ -66,7 +66,7 @@ class _Counting(_Fake):
         self.alive = alive
         self.prefills = 0
 
-    def prefill(self, ids, cache, logits_index=None):
+    def prefill_cache(self, ids, cache):
         import gc
         import weakref
 

@@ -81,6 +81,16 @@ class DecoderLayer(nn.Module):
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, entries, key_mask
 
+    def fill_cache(self, x: Tensor, step: StepPositions, cache: LatentCache) -> None:
+        """Only write the new tokens' cache entries (latent, and DSA index keys where this layer has its
+        own indexer), the values ``forward`` writes: for the last layer of a prefill whose outputs
+        nobody reads (a decode that continues the cache reads only its entries). Skips the queries,
+        the attention, the MLP/MoE and the indexer's scores."""
+        h = self.input_layernorm(x)
+        latent = self.self_attn.cache_entries(h, (step.cos, step.sin))
+        indexer = self.indexer
+        cache.update(self.layer, step, latent, None if indexer is None else indexer.keys(h, step.positions))
+
     def _attention(
         self,
         h: Tensor,

@@ -164,6 +164,23 @@ class DeepseekForCausalLM(nn.Module):
         """Naive MLA (decompressed keys/values), as engines run prompts."""
         return self(input_ids, cache, path=AttnPath.NAIVE, positions=positions, logits_index=logits_index)
 
+    @torch.no_grad()
+    def prefill_cache(
+        self, input_ids: Tensor, cache: LatentCache, *, positions: Tensor | None = None
+    ) -> None:
+        """Fill ``cache`` with ``input_ids`` (B, T) as ``prefill`` does, for a decode that continues it,
+        and compute nothing else: the last main layer writes its cache entries but skips its queries,
+        attention and MLP/MoE, and the final norm and lm_head do not run (outputs nobody reads). The
+        cache holds the same bits as after ``prefill``; the MTP layers' caches are not filled."""
+        step = self.step_positions(input_ids, cache, 0, positions)
+        x = self.model.embed_tokens(input_ids)  # (B, T, H)
+        *body, last = self._main_layers
+        key_mask = None
+        for layer in body:
+            x, _, mask = layer(x, step.positions, cache, AttnPath.NAIVE, key_mask, step=step)
+            key_mask = mask if mask is not None else key_mask
+        last.fill_cache(x, step, cache)
+
     def decode(
         self,
         input_ids: Tensor,

@@ -221,6 +221,16 @@ class MLAttention(nn.Module):
         latent = torch.cat((self.kv_a_layernorm(c_kv), k_pe), dim=-1)  # (B, T, L+R)
         return MLAProjection(q_nope, q_pe, latent, q_latent)
 
+    def cache_entries(self, hidden: Tensor, rotation: tuple[Tensor, Tensor]) -> Tensor:
+        """The new tokens' latent-cache entries (B, T, L+R) only, the same values as ``project``'s
+        ``latent`` (the same operations; RoPE is elementwise, so rotating k_pe without the queries
+        changes no bit): for tokens whose queries nobody reads. ``rotation`` as in ``project``."""
+        c = self.config
+        kv = self.kv_a_proj_with_mqa(hidden)  # (B, T, L+R)
+        c_kv, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)  # (B, T, L), (B, T, R)
+        k_pe = rotate(k_pe, *rotation, self.rope.layout)  # (B, T, R)
+        return torch.cat((self.kv_a_layernorm(c_kv), k_pe), dim=-1)  # (B, T, L+R)
+
     def attend(
         self,
         q_nope: Tensor,
