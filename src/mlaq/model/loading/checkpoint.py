@@ -1,8 +1,17 @@
 """Lazy, memory-mapped reading of a Hugging Face safetensors checkpoint.
 
 A checkpoint directory holds ``model.safetensors`` or ``model.safetensors.index.json`` plus shards.
-Tensors are read one at a time through ``safe_open`` (memory-mapped): the whole checkpoint is never
-in memory. Every error names the file and, where there is one, the tensor.
+The tensor map (names, files, shapes) comes from mlaq's one safetensors header parser
+(``range_reader.checkpoint_spans``: the same checks and errors as the byte-range views). The tensors
+themselves are read through ``safe_open``, memory-mapped, on purpose: the in-memory engine keeps a
+weight whose dtype already matches as the mapped tensor itself (``loader._set`` makes no copy), so its
+pages stay file-backed: the kernel can drop and re-read them under memory pressure, and processes
+loading the same checkpoint (``mlaq serve`` beside ``mlaq validate``) share them in the page cache. A
+``pread`` into a private buffer (the range reader) would turn every weight into anonymous memory and
+add one copy per tensor at load. The byte-range views exist for the opposite need: reading a few
+tensors (audit), or a checkpoint larger than memory layer by layer (validate --stream), where a map's
+touched pages would pile up in the resident set. Every error names the file and, where there is one,
+the tensor.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
+
+from mlaq.model.loading.range_reader import RangeReader, TensorSpan, checkpoint_spans
 
 SINGLE_FILE = "model.safetensors"
 TEXT_PREFIXES = ("language_model.",)  # multimodal checkpoints that nest the text model (Kimi-K2.5)
@@ -36,6 +47,7 @@ class SafetensorsCheckpoint:
         self._files = self._resolve_files()
         self._stack = ExitStack()
         self._handles: dict[Path, Any] = {}
+        self._spans: dict[str, TensorSpan] = {}
         self._where: dict[str, Path] = {}
         self._stored: dict[str, str] = {}  # name mlaq reads -> name in the file
 
@@ -43,19 +55,14 @@ class SafetensorsCheckpoint:
         return check_weight_files(self.directory)
 
     def __enter__(self) -> SafetensorsCheckpoint:
+        self._spans = checkpoint_spans(RangeReader(), self._files)  # headers: read and checked once
+        self._where = {name: span.file for name, span in self._spans.items()}
         try:
             for file in self._files:
                 try:
-                    handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
+                    self._handles[file] = self._stack.enter_context(safe_open(str(file), framework="pt"))
                 except (SafetensorError, OSError) as exc:
                     raise ValueError(f"{file}: corrupt or truncated safetensors file ({exc})") from exc
-                self._handles[file] = handle
-                for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if name in self._where:
-                        raise ValueError(
-                            f"tensor {name!r} is stored twice: in {self._where[name]} and {file}"
-                        )
-                    self._where[name] = file
         except BaseException:
             self._stack.close()
             raise
@@ -118,7 +125,8 @@ class SafetensorsCheckpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         if self._stacked(name) is not None:
             return tuple(self.get(name).shape)
-        return tuple(self._handles[self.file_of(name)].get_slice(self._stored.get(name, name)).get_shape())
+        self.file_of(name)  # a clear error when it is missing
+        return self._spans[self._stored.get(name, name)].shape
 
     def get(self, name: str) -> Tensor:
         """Read one tensor (memory-mapped; a copy is made only by later conversions)."""

@@ -19,7 +19,12 @@ import torch
 from torch import Tensor
 
 from mlaq.model.loading.checkpoint import check_weight_files
-from mlaq.model.loading.range_reader import DTYPES, RangeReader, ShardMissingError, TensorSpan
+from mlaq.model.loading.range_reader import (
+    DTYPES,
+    RangeReader,
+    ShardMissingError,
+    checkpoint_spans,
+)
 
 __all__ = ["RangeCheckpoint", "ShardMissingError", "TensorInfo"]
 
@@ -40,20 +45,8 @@ class RangeCheckpoint:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.reader = RangeReader()
-        self._spans: dict[str, TensorSpan] = {}
-        # the same file discovery and errors as the memory-mapped reader (index, single file)
-        for file in check_weight_files(self.directory):
-            header = self.reader.header(file)
-            for name, span in header.tensors.items():
-                if span.end > header.size:
-                    raise ValueError(
-                        f"{file}: corrupt or truncated safetensors file (tensor {name!r} out of range)"
-                    )
-                if name in self._spans:
-                    raise ValueError(
-                        f"tensor {name!r} is stored twice: in {self._spans[name].file} and {file}"
-                    )
-                self._spans[name] = span
+        # the same file discovery, header checks and errors as the memory-mapped reader
+        self._spans = checkpoint_spans(self.reader, check_weight_files(self.directory))
         self._info = {
             n: TensorInfo(s.file, DTYPES[s.dtype], s.shape, s.start, s.nbytes) for n, s in self._spans.items()
         }

@@ -9,7 +9,8 @@ cost it only its kv_b_proj bytes, and ``validate --stream`` holds only the tenso
 map: a mapped file's read-ahead would pull in neighbours and grow the resident set. A file is opened
 for each read, never kept open: a shard gone mid-run is reported as missing, not read from a stale handle.
 Both checkpoint views read through it: ``range_checkpoint.RangeCheckpoint`` (every shard, the stream)
-and ``mlaq.audit.source.RangeCheckpoint`` (only the shards the index names for kv_b_proj).
+and ``mlaq.audit.source.RangeCheckpoint`` (only the shards the index names for kv_b_proj); the
+memory-mapped ``checkpoint.SafetensorsCheckpoint`` takes its tensor map from :func:`checkpoint_spans`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ DTYPES = MappingProxyType(
         "I16": torch.int16,
         "I32": torch.int32,
         "I64": torch.int64,
+        "U16": torch.uint16,
+        "U32": torch.uint32,
+        "U64": torch.uint64,
         "BOOL": torch.bool,
     }
 )
@@ -170,6 +174,28 @@ class RangeReader:
             self.tensor_bytes += buf.numel()
             self.seconds_reading += time.perf_counter() - start
         return buf
+
+
+def checkpoint_spans(reader: RangeReader, files: Sequence[Path]) -> dict[str, TensorSpan]:
+    """Every tensor of a checkpoint's ``files``: name -> span, each header parsed and checked once. A
+    header that is not safetensors, a tensor past its file's end, a name stored in two files: one error
+    naming the file (and the tensor)."""
+    spans: dict[str, TensorSpan] = {}
+    for file in files:
+        try:
+            header = reader.header(file)
+        except ValueError as exc:
+            reason = str(exc).removeprefix(f"{file}: ")
+            raise ValueError(f"{file}: corrupt or truncated safetensors file ({reason})") from None
+        for name, span in header.tensors.items():
+            if span.end > header.size:
+                raise ValueError(
+                    f"{file}: corrupt or truncated safetensors file (tensor {name!r} out of range)"
+                )
+            if name in spans:
+                raise ValueError(f"tensor {name!r} is stored twice: in {spans[name].file} and {file}")
+            spans[name] = span
+    return spans
 
 
 def _read_into(buf: Tensor, span: TensorSpan, ranges: Sequence[tuple[int, int]]) -> None:
