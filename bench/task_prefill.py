@@ -1,6 +1,8 @@
 """What one long-context task sample costs: the prefill of its context, and each scheme's decode of the
 query and answer from that cache (what ``mlaq validate``'s task suite runs per sample; the prefill is
-shared by every scheme under decode_only), in process CPU seconds.
+shared by every scheme under decode_only), in process CPU seconds. Two prefills: the whole model's
+(``prefill``, with the last position's logits) and the cache-only one the suite runs (``prefill_cache``:
+the last layer writes its latent entries and skips the rest).
 
     python bench/task_prefill.py [MODEL] [--lengths 512,1024,2048,4096] [--tail 16] [--threads 1]
 
@@ -35,6 +37,11 @@ def prefill(model, head: torch.Tensor, cache: ModelCache) -> None:
     model.prefill(head, cache, logits_index=torch.zeros(1, dtype=torch.long))
 
 
+def prefill_cache(model, head: torch.Tensor, cache: ModelCache) -> None:
+    cache.truncate(0)
+    model.prefill_cache(head, cache)
+
+
 def decode(model, tail: torch.Tensor, cache: ModelCache, keep: int) -> None:
     model.decode(tail, cache)
     cache.truncate(keep)
@@ -63,6 +70,7 @@ def main() -> None:
         keep = length - a.tail
         cache = ModelCache()
         line = f"{length:>6} tokens: prefill {best(prefill, model, ids[:, :keep], cache):.3f} s"
+        line += f", cache only {best(prefill_cache, model, ids[:, :keep], cache):.3f} s"
         for scheme in ("bf16", *DEFAULT_SCHEMES):
             prep = best(prepare, model, scheme, reps=1)
             dec = best(decode, model, ids[:, keep:], cache, keep)
