@@ -76,17 +76,17 @@ def test_pooled_statistics_are_exact() -> None:
 def test_summary_of_a_hand_record() -> None:
     r = summarize(hand_record())
     s = r["schemes"]["mxfp4"]
-    assert s["kl"] == 1.0 and s["kl_by_bucket"] == [0.5, 1.5]
-    assert s["top1_agreement"] == pytest.approx(7 / 8) and s["nll_delta_by_bucket"] == [0.1, 0.4]
-    assert s["attn_rel_err"] == pytest.approx(math.sqrt(4 / 200)) and s["attn_rel_err_by_bucket"] == [
+    assert s["kl"] == 1.0 and s["kl_by_bucket"] == (0.5, 1.5)
+    assert s["top1_agreement"] == pytest.approx(7 / 8) and s["nll_delta_by_bucket"] == (0.1, 0.4)
+    assert s["attn_rel_err"] == pytest.approx(math.sqrt(4 / 200)) and s["attn_rel_err_by_bucket"] == (
         0.2,
         0.0,
-    ]
+    )
     assert (
         s["num_accepted_tokens"] == 4 and s["acceptance_rate"] == 0.4 and s["mean_acceptance_length"] == 1.8
     )
-    assert s["generation"]["first_divergence"] == [2, None] and s["generation"]["identical_generations"] == 1
-    assert r["reference"]["nll"] == pytest.approx(16 / 6) and r["reference"]["nll_by_bucket"] == [3.0, 2.0]
+    assert s["generation"]["first_divergence"] == (2, None) and s["generation"]["identical_generations"] == 1
+    assert r["reference"]["nll"] == pytest.approx(16 / 6) and r["reference"]["nll_by_bucket"] == (3.0, 2.0)
     assert "bmm_rel_err" not in s and r["noise_floor"] is None and r["operands"] == {}
 
 

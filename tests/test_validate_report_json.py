@@ -81,6 +81,9 @@ def test_the_report_is_typed_frozen_and_reads_as_its_json(report) -> None:
 def test_freeze_and_thaw_round_trip() -> None:
     obj = {"a": [1, {"b": 2.5}], "c": None}
     frozen = freeze(obj)
-    assert frozen == obj and thaw(frozen) == obj and type(thaw(frozen)["a"][1]) is dict
+    assert thaw(frozen) == obj and type(thaw(frozen)["a"][1]) is dict and type(thaw(frozen)["a"]) is list
+    assert frozen["a"] == (1, {"b": 2.5})  # a list is a tuple: read-only all the way down
     with pytest.raises(TypeError):
         frozen["a"][1]["b"] = 3
+    with pytest.raises(AttributeError):
+        frozen["a"].append(3)  # type: ignore[attr-defined]

@@ -95,7 +95,7 @@ def test_report_shape_and_keys(report) -> None:
     assert ref["mean_acceptance_length"] == pytest.approx(1 + ref["num_accepted_tokens"] / ref["num_drafts"])
     assert report["noise_floor"]["dtype"] == "float32" and report["noise_floor"]["name"] == "fp32"
     assert report["schemes"]["mxfp4"]["schemes"]["mxfp4"].startswith("AMD W4A4 MXFP4")
-    assert report["buckets"] == [[0, 16], [16, 32], [32, 48], [48, 64]]
+    assert report["buckets"] == ((0, 16), (16, 32), (32, 48), (48, 64))
     assert report["config"]["context_len"] == 64 and report["seed"] == 0
     assert {"mlaq", "torch", "python"} <= set(report["versions"])
 
@@ -145,7 +145,7 @@ def test_fp32_against_itself_is_exactly_zero(checkpoint) -> None:
         assert s["attn_rel_err"] == 0.0 and all(x["rel_err"] == 0.0 for x in s["attn_rel_err_by_layer"])
         assert s["kl"] == 0.0 and s["nll_delta"] == 0.0 and s["top1_agreement"] == 1.0
         assert max(s["bmm_rel_err"].values()) < 1e-7  # against the exact product: fp32 rounding only
-        assert s["generation"]["first_divergence"] == [None, None]
+        assert s["generation"]["first_divergence"] == (None, None)
         for key in ("num_drafts", "num_accepted_tokens", "num_accepted_tokens_per_pos"):
             assert s[key] == r["reference"][key], key
 

@@ -142,7 +142,7 @@ def test_acceptance_per_request_and_from_metrics_agree(text: Path) -> None:
         assert per_req[key] == scraped[key]
     # 12 tokens per prompt in steps accepting 2, 0, 1 drafts: 3 + 1 + 2 = 6 tokens per 3 steps -> 6 steps
     assert per_req["num_drafts"] == 3 * 6 and per_req["mean_acceptance_length"] == pytest.approx(2.0)
-    assert per_req["num_accepted_tokens_per_pos"] == [3 * 4, 3 * 2, 0]
+    assert per_req["num_accepted_tokens_per_pos"] == (3 * 4, 3 * 2, 0)
 
 
 def test_acceptance_ratio_interval_needs_per_request_counts(text: Path) -> None:

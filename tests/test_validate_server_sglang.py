@@ -59,7 +59,7 @@ def test_acceptance_from_meta_info(text: Path) -> None:
     )
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length"):
         assert r["reference"][key] == v["reference"][key], key
-    assert r["reference"]["num_accepted_tokens_per_pos"] == []  # SGLang reports no per-position counts
+    assert r["reference"]["num_accepted_tokens_per_pos"] == ()  # SGLang reports no per-position counts
 
 
 def test_teacher_forcing_shape_errors_are_one_line() -> None:

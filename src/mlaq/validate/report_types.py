@@ -5,10 +5,10 @@ read it; JSON exists only at the edge (``Report.to_json``: what ``--json`` print
 key for key as before). A section of a report is absent because its field is None (no noise floor, no
 as-configured variant, no task suite, no servers), never because of which source measured it.
 
-Frozen: the dataclass is frozen and every mapping inside it is a read-only view
-(``types.MappingProxyType``; lists stay lists, so figures compare equal to their JSON); reading works as
-on the JSON object (``report["schemes"]["mxfp4"]["kl"]``, ``report.get("noise_floor")``), assigning to a
-field or a key raises.
+Frozen all the way down: the dataclass is frozen, every mapping inside it is a read-only view
+(``types.MappingProxyType``) and every list a tuple; reading works as on the JSON object
+(``report["schemes"]["mxfp4"]["kl"]``, ``report.get("noise_floor")``), assigning to a field, a key or an
+item raises. ``to_json`` gives the lists back, so report.json is byte for byte what it was.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ Figures = Mapping[str, Any]  # one variant's figures (read-only)
 
 
 def freeze(obj: Any) -> Any:
-    """A read-only view of a JSON-shaped value: mappings become MappingProxyType (lists stay lists of
-    frozen items, so they compare equal to the JSON they came from)."""
+    """A read-only view of a JSON-shaped value: mappings become MappingProxyType, lists tuples (of
+    frozen items); ``thaw`` is its inverse."""
     if isinstance(obj, Mapping):
         return MappingProxyType({k: freeze(v) for k, v in obj.items()})
-    if isinstance(obj, list):
-        return [freeze(v) for v in obj]
+    if isinstance(obj, list | tuple):
+        return tuple(freeze(v) for v in obj)
     return obj
 
 
@@ -51,7 +51,7 @@ class Report(Mapping[str, Any]):
     config: Mapping[str, Any]
     seed: int
     versions: Mapping[str, str]
-    buckets: list[list[int]]
+    buckets: tuple[tuple[int, ...], ...]
     reference: Figures
     noise_floor: Figures | None
     schemes: Mapping[str, Figures]
@@ -76,6 +76,11 @@ class Report(Mapping[str, Any]):
     def to_json(self) -> dict[str, Any]:
         """The plain JSON object: report.json and --json, key for key."""
         return {name: thaw(getattr(self, name)) for name in self._keys()}
+
+    def __eq__(self, other: object) -> bool:  # equal to its JSON object (tuples read as the lists they were)
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return self.to_json() == thaw(other)
 
     def __post_init__(self) -> None:
         # derived once, read as attributes: every reporter iterates ``rows``; ``servers`` is None unless
