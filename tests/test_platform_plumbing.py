@@ -47,5 +47,17 @@ def test_loader_runs_the_platform_decision(ckpt):
 
 def test_loader_refuses_vllm_online_targets_it_cannot_emulate(ckpt):
     s = Settings(platform=Platform.CUDA, engine=Engine.VLLM_032, vllm=VllmRocmEnv())
-    with pytest.raises(ValueError, match="mlaq cannot emulate that weight yet"):
+    with pytest.raises(
+        ValueError, match="vLLM's online fp8_per_channel of the kv_b_proj linear is not emulated"
+    ):
         load_model(ckpt, settings=s, quantization_config='{"targets": {"re:.*kv_b_proj": "fp8_per_channel"}}')
+
+
+def test_validate_reads_quantization_online(ckpt):
+    """``--quantization online`` reaches validate's as-configured model: targets mean the kv_b_proj linear."""
+    fp8 = '{"targets": {"re:.*kv_b_proj": "fp8_per_tensor"}}'
+    cfg = config_from_args(_args(str(ckpt), "--quantization", "online", "--quantization-config", fp8))
+    assert cfg.as_configured and cfg.quantization == "online" and cfg.policy_config().online
+    assert config_from_args(_args(str(ckpt), "--quantization-config", fp8)).policy_config() == fp8
+    with pytest.raises(ValueError, match="--quantization online applies a --quantization-config"):
+        config_from_args(_args(str(ckpt), "--as-configured", "--quantization", "online"))

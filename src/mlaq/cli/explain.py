@@ -37,6 +37,17 @@ def add_platform_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    """``--quantization online``: the config means what vLLM 0.32 makes of it (shared with validate)."""
+    parser.add_argument(
+        "--quantization",
+        choices=["online"],
+        default=None,
+        help="as in vLLM: --quantization online --quantization-config JSON quantizes the kv_b_proj LINEAR "
+        "(prefill and decode, vLLM's meaning); without it targets choose the absorbed BMMs (mlaq's meaning)",
+    )
+
+
 def add_tp_argument(parser: argparse.ArgumentParser) -> None:
     """``--tensor-parallel-size``, shared with ``mlaq validate``."""
     parser.add_argument(
@@ -62,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON|@FILE|FILE",
         help='vLLM 0.32\'s config: \'{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}\', @file.json or a path',
     )
+    add_quantization_argument(parser)
     add_platform_arguments(parser)
     add_tp_argument(parser)
     parser.add_argument(
@@ -82,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env(platform=args.platform, engine=args.engine_defaults)
     model = model_or_default(args.model)
-    found = explain(model, settings, args.quantization_config, args.tensor_parallel_size)
+    from mlaq.policy.explicit import policy_config
+
+    qc = policy_config(args.quantization_config, args.quantization)
+    found = explain(model, settings, qc, args.tensor_parallel_size)
     weights = check_kv_b_weights(model, found.result) if args.check_weights else None
     if args.json:
         out = found.to_json()

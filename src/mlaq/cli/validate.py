@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from mlaq.cli.explain import add_platform_arguments, add_tp_argument
+from mlaq.cli.explain import add_platform_arguments, add_quantization_argument, add_tp_argument
 from mlaq.validate import defaults as d
 from mlaq.validate.defaults import DEFAULT_SCHEMES
 
@@ -73,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="kv_b weights of prefill: checkpoint's (decode_only, as vLLM) or the scheme's (consistent)",
     )
     add_tp_argument(parser)
+    add_quantization_argument(parser)
     parser.add_argument(
         "--eval-text",
         metavar="PATH",
@@ -183,6 +184,7 @@ def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported l
         if as_configured
         else Settings(),
         quantization_config=args.quantization_config,
+        quantization=args.quantization,
         precision=precision_of(args.precision),
         tensor_parallel_size=args.tensor_parallel_size,
         context_len=args.context_len,

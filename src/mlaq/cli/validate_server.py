@@ -16,6 +16,7 @@ _LOCAL_ONLY = {
     "schemes": "--schemes",
     "as_configured": "--as-configured",
     "quantization_config": "--quantization-config",
+    "quantization": "--quantization",
 }
 
 

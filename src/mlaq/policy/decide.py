@@ -82,6 +82,21 @@ def _decide_layer(
     def done(scheme: str, rule: Rule, reason: str, pattern: str | None = None) -> LayerDecision:
         return LayerDecision(i, module, stored.name, scheme, rule, reason, model.is_mtp(i), stored, pattern)
 
+    if match.target is not None and match.online:
+        t = match.target
+        reason = reasons.online_linear(t.pattern.text, t.written, storage)
+        return LayerDecision(
+            i,
+            module,
+            stored.name,
+            "bf16",
+            Rule.TARGETS,
+            reason,
+            model.is_mtp(i),
+            stored,
+            t.pattern.text,
+            t.written,
+        )
     if match.target is not None:
         t = match.target
         where = f"--quantization-config targets[{t.pattern.text!r}]"

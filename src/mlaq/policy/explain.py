@@ -9,6 +9,7 @@ from typing import Any
 
 from mlaq.bmm.tp import head_shards, spans_heads
 from mlaq.policy.decide import decide_from_dir
+from mlaq.policy.explicit import ExplicitConfig
 from mlaq.policy.model_config import layer_ranges
 from mlaq.policy.report import format_comparison, format_explain
 from mlaq.policy.result import PolicyResult
@@ -50,7 +51,9 @@ class Explanation:
         return out
 
 
-def _aiter_on(path: str | Path, settings: Settings, quant_config: str | None) -> PolicyResult | str | None:
+def _aiter_on(
+    path: str | Path, settings: Settings, quant_config: ExplicitConfig | str | None
+) -> PolicyResult | str | None:
     """The engine with its AITER master switch set, where it is unset on ROCm (AMD's recipes set it)."""
     if settings.platform not in ROCM:
         return None
@@ -67,7 +70,10 @@ def _aiter_on(path: str | Path, settings: Settings, quant_config: str | None) ->
 
 
 def explain(
-    path: str | Path, settings: Settings, quant_config: str | None = None, tensor_parallel_size: int = 1
+    path: str | Path,
+    settings: Settings,
+    quant_config: ExplicitConfig | str | None = None,
+    tensor_parallel_size: int = 1,
 ) -> Explanation:
     """Decide every layer of the checkpoint in ``path`` (config files only; no weights)."""
     result = decide_from_dir(path, settings, quant_config, log=False)

@@ -9,8 +9,12 @@
 - SCHEME: vLLM's online shorthands that define a linear spec (fp8_per_tensor, fp8_per_block,
   fp8_per_channel, mxfp8, mxfp4) or one of mlaq's MLA scheme names (bf16, fp32, fp8_per_head,
   mxfp4_w4a16, the ``_fnuz`` variants). mlaq also accepts ``{"weight": SCHEME, "activation": ACT}``.
-- ``targets`` choose the scheme of kv_b_proj's absorbed BMMs; ``ignore`` exempts a layer from every
-  online re-quantization (it keeps the checkpoint's own format).
+- ``targets`` choose the scheme of kv_b_proj's absorbed BMMs (mlaq's meaning); ``ignore`` exempts a layer
+  from every online re-quantization (it keeps the checkpoint's own format).
+- With ``--quantization online`` (the flag vLLM 0.32 itself needs before it applies a
+  ``--quantization-config``), ``targets`` mean what they mean in vLLM 0.32: the kv_b_proj LINEAR is
+  quantized online to the vLLM shorthand (prefill and, through its dequantized weight, decode); the
+  values must then be vLLM's shorthands (:mod:`mlaq.model.loading.online` emulates them).
 
 Only kv_b_proj's absorbed BMMs are emulated: a targets pattern that also matches another linear
 (q_b_proj, o_proj, ...), which vLLM would quantize too, is an error, and so are ``linear``/``moe``.
@@ -27,7 +31,7 @@ from typing import Any
 
 from mlaq.policy.model_config import MlaModel, layer_ranges
 from mlaq.policy.patterns import Pattern, parse_patterns
-from mlaq.policy.vllm_online import check_keys, check_vllm_value, read_config_text
+from mlaq.policy.vllm_online import VLLM_SHORTHANDS, check_keys, check_vllm_value, read_config_text
 
 # activation spellings -> canonical activation precision
 _ACTIVATIONS = MappingProxyType(
@@ -98,25 +102,43 @@ class ExplicitConfig:
 
     targets: tuple[Target, ...] = ()
     ignore: tuple[Pattern, ...] = ()
+    online: bool = False  # --quantization online: targets quantize the kv_b_proj linear (vLLM's meaning)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "targets": {t.pattern.text: t.written for t in self.targets},
             "ignore": [p.text for p in self.ignore],
         }
+        if self.online:
+            out["quantization"] = "online"
+        return out
+
+    def meaning(self) -> str:
+        """What a targets entry quantizes, in explain's words."""
+        if self.online:
+            return "kv_b_proj linear (vLLM's meaning, --quantization online: prefill and decode)"
+        return "absorbed BMMs W_UK / W_UV (mlaq's meaning; --quantization online gives vLLM's)"
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), separators=(", ", ": "))
 
 
 def parse_explicit(
-    obj: Any, schemes: Collection[str], where: str = "--quantization-config"
+    obj: Any, schemes: Collection[str], where: str = "--quantization-config", *, online: bool = False
 ) -> ExplicitConfig:
-    """Validate a parsed JSON object (vLLM's keys; see :mod:`mlaq.policy.vllm_online`)."""
+    """Validate a parsed JSON object (vLLM's keys; see :mod:`mlaq.policy.vllm_online`); ``online``: read
+    it as vLLM 0.32 does under ``--quantization online`` (targets quantize the kv_b_proj linear)."""
     check_keys(obj, where)
     targets_obj = obj.get("targets") or {}
     for k, v in targets_obj.items():
         check_vllm_value(k, v, where, schemes)
+        if online and not (isinstance(v, str) and VLLM_SHORTHANDS.get(v)):
+            linear = ", ".join(s for s, lin in VLLM_SHORTHANDS.items() if lin)
+            raise ValueError(
+                f"{where}: targets[{k!r}] = {json.dumps(v)} is not a vLLM online shorthand ({linear}); with "
+                "--quantization online targets quantize the kv_b_proj linear as vLLM does. mlaq's scheme names "
+                "choose the absorbed BMMs: drop --quantization online"
+            )
     targets = tuple(
         Target(
             Pattern.parse(k, f"{where} targets key"),
@@ -125,13 +147,31 @@ def parse_explicit(
         )
         for k, v in targets_obj.items()
     )
-    return ExplicitConfig(targets, parse_patterns(obj.get("ignore"), f"{where} ignore"))
+    return ExplicitConfig(targets, parse_patterns(obj.get("ignore"), f"{where} ignore"), online)
 
 
-def load_explicit(value: str, schemes: Collection[str]) -> ExplicitConfig:
+def load_explicit(value: str, schemes: Collection[str], *, online: bool = False) -> ExplicitConfig:
     """Parse ``--quantization-config`` text: inline JSON, ``@path`` or a path to a JSON file."""
     obj, where = read_config_text(value)
-    return parse_explicit(obj, schemes, where)
+    return parse_explicit(obj, schemes, where, online=online)
+
+
+def policy_config(text: str | None, quantization: str | None) -> ExplicitConfig | str | None:
+    """``--quantization-config`` as the policy reads it: under ``--quantization online``, vLLM's meaning."""
+    if quantization is None:
+        return text
+    if quantization != "online":
+        raise ValueError(
+            f"--quantization {quantization!r}: mlaq reads only 'online' (vLLM's flag for a config)"
+        )
+    if text is None:
+        raise ValueError(
+            "--quantization online applies a --quantization-config (as in vLLM); add one, e.g. "
+            '--quantization-config \'{"targets": {"re:.*kv_b_proj": "fp8_per_tensor"}}\''
+        )
+    from mlaq.bmm import scheme_names
+
+    return load_explicit(text, scheme_names(), online=True)
 
 
 @dataclass(frozen=True)
@@ -140,6 +180,7 @@ class ExplicitMatch:
 
     target: Target | None = None
     ignore: Pattern | None = None
+    online: bool = False  # the target quantizes the kv_b_proj linear (vLLM's meaning)
 
 
 def match_model(cfg: ExplicitConfig, model: MlaModel) -> tuple[ExplicitMatch, ...]:
@@ -179,5 +220,5 @@ def match_model(cfg: ExplicitConfig, model: MlaModel) -> tuple[ExplicitMatch, ..
                 f"--quantization-config: Layer {module} matches both quantization_config.ignore and "
                 f"quantization_config.targets ({[ts[0].pattern.text]}); a layer may not be referenced by both."
             )
-        matches.append(ExplicitMatch(ts[0] if ts else None, igs[0] if igs else None))
+        matches.append(ExplicitMatch(ts[0] if ts else None, igs[0] if igs else None, cfg.online))
     return tuple(matches)

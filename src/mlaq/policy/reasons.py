@@ -132,3 +132,12 @@ def platform_blocked(scheme: str, storage: KvBStorage, blocked: str, settings: S
         f"{blocked} names an AITER BMM that vLLM 0.32 does not run on {settings.platform} ({where}; "
         f"vllm/_aiter_ops.py): it runs at the checkpoint's {storage.stored.name} as {scheme}{_fp16_note(storage.stored.name, scheme)}."
     )
+
+
+def online_linear(pattern: str, online: str, storage: KvBStorage) -> str:
+    """``--quantization online`` targets: vLLM's meaning, the kv_b_proj linear quantized online."""
+    return (
+        f"--quantization online: targets {pattern!r} quantize the kv_b_proj linear to {online} as vLLM 0.32 "
+        f"does (its {storage.stored.detail} weight; prefill runs it); the absorbed BMMs run bf16 on its "
+        "dequantized weight (split_kv_b_proj -> get_and_maybe_dequant_weights)."
+    )

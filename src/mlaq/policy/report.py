@@ -68,6 +68,19 @@ def quantizing_line(result: PolicyResult) -> str | None:
     return vllm_online.quantizing_line(entries)
 
 
+def entry_meanings(result: PolicyResult) -> list[str]:
+    """One line per targets entry: what it quantizes. Under ``--engine-defaults vllm-0.32`` every entry has
+    vLLM's meaning (released vLLM applies it); otherwise ``--quantization online`` decides."""
+    cfg = result.explicit
+    if cfg is None:
+        return []
+    if result.settings.engine is Engine.VLLM_032:
+        meaning = "kv_b_proj linear (vLLM's meaning: prefill and decode, as released vLLM 0.32 runs it)"
+    else:
+        meaning = cfg.meaning()
+    return [f"  targets {t.pattern.text!r} = {json.dumps(t.written)}: {meaning}" for t in cfg.targets]
+
+
 def format_explain(result: PolicyResult, model_path: str, weights: str | None = None) -> str:
     """The full ``mlaq explain`` text: header, settings, table, summary; ``weights`` is a header line
     about the weights (read or not)."""
@@ -80,6 +93,7 @@ def format_explain(result: PolicyResult, model_path: str, weights: str | None = 
         f"checkpoint:  {result.checkpoint.describe()}",
         f"settings:    {result.settings.describe()}",
         f"quantization-config: {explicit}",
+        *entry_meanings(result),
         f"platform:    {platform.describe(result.settings.platform)}",
     ]
     if weights is not None:

@@ -78,6 +78,7 @@ class ValidateConfig:
     as_configured: bool = False
     settings: Settings = field(default_factory=Settings)  # only for as_configured
     quantization_config: str | None = None  # only for as_configured (JSON text or @file)
+    quantization: str | None = None  # "online": the config's targets mean vLLM's (the kv_b_proj linear)
     precision: Precision = Precision.DECODE_ONLY  # which kv_b weights prefill (naive MLA) uses
     tensor_parallel_size: int = 1  # BMM scales computed per rank's shard of the heads (vLLM's TP)
     context_len: int | None = None  # None: min(max_position_embeddings, d.MAX_DEFAULT_CONTEXT)
@@ -107,6 +108,8 @@ class ValidateConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.quantization is not None and self.quantization_config is None:
+            raise ValueError("--quantization online applies a --quantization-config (as in vLLM); add one")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
         if self.flip_rows < 0:
@@ -117,6 +120,12 @@ class ValidateConfig:
             raise ValueError(f"context_len must be at least 2 tokens, got {self.context_len}")
         if self.quantization_config is not None and not self.as_configured:
             raise ValueError("--quantization-config is what --as-configured measures; pass both")
+
+    def policy_config(self):  # -> ExplicitConfig | str | None
+        """The config as the policy reads it (vLLM's meaning under ``--quantization online``)."""
+        from mlaq.policy.explicit import policy_config
+
+        return policy_config(self.quantization_config, self.quantization)
 
     def resolve_context(self, max_position_embeddings: int) -> int:
         """The teacher-forcing window length for a model with this context."""

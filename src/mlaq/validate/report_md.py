@@ -54,6 +54,11 @@ def _header(r: dict[str, Any], cap: str) -> list[str]:
         lines.append(
             f"- **As configured**: settings {c['settings']}, --quantization-config "
             f"`{c['quantization_config'] or 'none'}`"
+            + (
+                " with --quantization online (vLLM's meaning: the kv_b_proj linear, prefill and decode)"
+                if c.get("quantization") == "online"
+                else ""
+            )
         )
     return [*lines, ""]
 

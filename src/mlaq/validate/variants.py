@@ -53,7 +53,7 @@ class ModelPool:
                     self.config.model,
                     dtype=variant.dtype,
                     settings=self.config.settings,
-                    quantization_config=self.config.quantization_config,
+                    quantization_config=self.config.policy_config(),
                     precision=self.config.precision,
                     tensor_parallel_size=self.config.tensor_parallel_size,
                 )

@@ -9,6 +9,10 @@ use, the environment variable ``MLAQ_VLLM_PLUGIN`` holding the same JSON object.
   No setting at all: the plugin does nothing.
 - ``targets`` / ``ignore``: ``mlaq explain --quantization-config``'s JSON (patterns on
   ``model.layers.N.self_attn.kv_b_proj``; a scheme for the layer's absorbed BMMs).
+- ``quantization``: ``online`` gives ``targets`` vLLM 0.32's meaning (as ``--quantization online
+  --quantization-config`` does in vLLM): the kv_b_proj LINEAR is quantized to the vLLM shorthand, emulated
+  by mlaq (its dequantized weight, :mod:`mlaq.model.loading.online`), so prefill reads it and vLLM's own
+  bf16 BMMs derive W_UK / W_UV from it; emulate mode only.
 - ``precision``: ``decode_only`` (default, as vLLM: prefill decompresses with kv_b_proj as loaded) or
   ``consistent`` (prefill decompresses with the scheme's dequantized weights too; emulate mode only).
 
@@ -26,7 +30,7 @@ from typing import Any
 from mlaq.bmm import scheme_names
 from mlaq.policy import ExplicitConfig, parse_explicit
 
-KEYS = ("mode", "targets", "ignore", "precision")
+KEYS = ("mode", "targets", "ignore", "precision", "quantization")
 
 
 class Mode(str, Enum):
@@ -80,12 +84,20 @@ def parse_config(obj: Any, where: str) -> PluginConfig:
     explicit = None
     if "targets" in obj or "ignore" in obj:
         sub = {k: obj[k] for k in ("targets", "ignore") if k in obj}
-        explicit = parse_explicit(sub, scheme_names(), f"{where} (targets / ignore)")
+        quantization = obj.get("quantization")
+        if quantization not in (None, "online"):
+            raise ValueError(
+                f"{where}.quantization: {quantization!r}; expected 'online' (vLLM's meaning) or no key"
+            )
+        online = quantization == "online"
+        explicit = parse_explicit(sub, scheme_names(), f"{where} (targets / ignore)", online=online)
     if mode is Mode.EMULATE and (explicit is None or not explicit.targets):
         raise ValueError(
             f"{where}: mode emulate needs targets, the layers whose absorbed BMMs run an mlaq scheme, "
             'e.g. {"mode": "emulate", "targets": {"re:.*kv_b_proj": "mxfp4"}}'
         )
+    if "quantization" in obj and (explicit is None or mode is not Mode.EMULATE):
+        raise ValueError(f"{where}.quantization: online applies targets, in mode emulate only")
     if mode is Mode.POLICY and precision is Precision.CONSISTENT:
         raise ValueError(
             f"{where}.precision: consistent changes prefill's weights, which only mode emulate does; "

@@ -42,6 +42,7 @@ class LayerAction:
     fp8bmm: bool = False
     fp4bmm: bool = False
     emulate: str | None = None  # an mlaq scheme name: the two BMMs run it (emulate mode)
+    online: str | None = None  # a vLLM shorthand: kv_b_proj's linear quantized online (vLLM's meaning)
     note: str = ""  # where vLLM runs something other than mlaq's decision: what, and why
 
 
@@ -122,6 +123,11 @@ def make_plan(
         actions = tuple(_policy_action(d, kernels) for d in result.layers)
     else:
         actions = tuple(
-            LayerAction(d.layer, emulate=d.scheme if d.rule is Rule.TARGETS else None) for d in result.layers
+            LayerAction(
+                d.layer,
+                emulate=d.scheme if d.rule is Rule.TARGETS and d.online is None else None,
+                online=d.online,
+            )
+            for d in result.layers
         )
     return Plan(config, result, actions)

@@ -23,7 +23,14 @@ from mlaq.model.layers.mla_core import Precision
 from mlaq.model.layers.moe import MoE
 from mlaq.model.loading.checkpoint import SafetensorsCheckpoint, check_finite
 from mlaq.model.loading.kv_b import apply_decision
-from mlaq.model.loading.weights import CheckpointQuant, CheckpointWeight, read_linear, read_tensor
+from mlaq.model.loading.online import online_dequantized
+from mlaq.model.loading.weights import (
+    CheckpointQuant,
+    CheckpointWeight,
+    WeightFormat,
+    read_linear,
+    read_tensor,
+)
 from mlaq.policy import ExplicitConfig, decide_from_dir
 from mlaq.settings import Settings, bound_onednn_caches
 
@@ -73,7 +80,6 @@ def load_model(
     dtype = checkpoint_dtype(cfg) if dtype is None else dtype
     with SafetensorsCheckpoint(path) as ckpt:  # validates the files before the policy reads the index
         policy = decide_from_dir(path, settings, quantization_config)
-        _check_emulable(policy.layers)
         n_mtp = _mtp_layers_present(cfg, ckpt, load_mtp)
         first_mtp = cfg.num_hidden_layers
         model = DeepseekForCausalLM(
@@ -86,6 +92,10 @@ def load_model(
         )
         kv_b = _load_weights(model, ckpt, quant, dtype)
     for layer, stored in sorted(kv_b.items()):
+        online = policy.for_layer(layer).online
+        if online is not None:  # vLLM's meaning of targets: the kv_b_proj linear quantized online
+            kv_b[layer] = _online_kv_b(model.model.layers[layer].self_attn.kv_b_proj, stored, online, dtype)
+    for layer, stored in sorted(kv_b.items()):
         attn = model.model.layers[layer].self_attn
         apply_decision(attn, policy.for_layer(layer), stored, precision, tensor_parallel_size)
     model.bmm_decisions = policy.layers
@@ -97,16 +107,20 @@ def load_model(
     return model.eval()
 
 
-def _check_emulable(decisions: tuple) -> None:
-    """vLLM 0.32's targets on kv_b_proj quantize it as a linear along its own axes, then the BMMs read the
-    dequantized weight: explain shows that, but the loader has no such weight path, so refuse it."""
-    online = next((d for d in decisions if d.online is not None), None)
-    if online is not None:
+def _online_kv_b(
+    module: nn.Module, stored: CheckpointWeight, online: str, dtype: torch.dtype
+) -> CheckpointWeight:
+    """vLLM 0.32's online quantization of the kv_b_proj linear (``mlaq.model.loading.online``): its
+    dequantized weight becomes the layer's kv_b_proj weight (prefill) and the BMMs' source (decode)."""
+    if stored.format is not WeightFormat.DENSE:
         raise ValueError(
-            f"--engine-defaults vllm-0.32 with targets: vLLM quantizes {online.module} online as a linear "
-            f"({online.online}) and runs its BMMs on the dequantized weight; mlaq cannot emulate that weight "
-            "yet. `mlaq explain` shows the decision; measure mlaq's meaning of the config without --engine-defaults"
+            f"{stored.name}: --quantization online re-quantizes a kv_b_proj the checkpoint stores as "
+            f"{stored.format.value} (vLLM's requantization source), which mlaq does not emulate; target an "
+            "unquantized kv_b_proj or drop --quantization online"
         )
+    weight = online_dequantized(stored.codes, online, dtype)  # [N*(P+V), L] in the activation dtype
+    _set(module, "weight", weight)
+    return CheckpointWeight(stored.name, WeightFormat.DENSE, weight)
 
 
 def _mtp_layers_present(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, load_mtp: bool | None) -> int:

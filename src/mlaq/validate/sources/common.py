@@ -67,6 +67,7 @@ def config_info(c: ValidateConfig, data: EvalData, buckets: int) -> dict[str, An
         "as_configured": c.as_configured,
         "settings": c.settings.to_json() if c.as_configured else None,
         "quantization_config": c.quantization_config,
+        "quantization": c.quantization,
         "precision": c.precision.value,
         "tensor_parallel_size": c.tensor_parallel_size,
         "context_len": data.context_len,

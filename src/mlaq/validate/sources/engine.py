@@ -49,7 +49,7 @@ class EngineSource:
         t0 = time.perf_counter()
         model_config = ModelConfig.from_dir(config.model)
         if config.as_configured:  # a bad --quantization-config fails now, not after minutes of work
-            decide_from_dir(config.model, config.settings, config.quantization_config, log=False)
+            decide_from_dir(config.model, config.settings, config.policy_config(), log=False)
         context = config.resolve_context(model_config.max_position_embeddings)
         needed = config.prompt_len + config.max_tokens + config.num_speculative_tokens
         if needed > context:

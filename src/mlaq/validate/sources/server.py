@@ -53,6 +53,7 @@ class ServerSource:
                 "as_configured": False,
                 "settings": None,
                 "quantization_config": None,
+                "quantization": None,
                 "precision": "as served",
                 "context_len": inputs.context_len,
                 "windows": len(inputs.windows),

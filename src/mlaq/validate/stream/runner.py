@@ -99,7 +99,7 @@ def measure_stream(
     cfg = source.config
     policy = None
     if config.as_configured:  # a bad --quantization-config fails now, before any layer is read
-        policy = decide_from_dir(config.model, config.settings, config.quantization_config, log=False)
+        policy = decide_from_dir(config.model, config.settings, config.policy_config(), log=False)
     context = config.resolve_context(cfg.max_position_embeddings)
     tokenizer = Tokenizer.from_dir(config.model)
     data = load_eval_text(

@@ -1,0 +1,70 @@
+"""The plugin's ``"quantization": "online"``: targets get vLLM's meaning (the kv_b_proj linear quantized
+online, emulated as mlaq's engine does): the layer's kv_b_proj weight becomes the online dequantized weight
+before vLLM's own ``process_weights_after_loading`` splits W_UK / W_UV from it, and the BMMs stay vLLM's."""
+
+from __future__ import annotations
+
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mlaq.bundled import bundled_model_dir
+from mlaq.integrations.vllm.config import read_config
+from mlaq.integrations.vllm.hooks import _apply_online
+from mlaq.integrations.vllm.plan import Kernels, checkpoint_files, make_plan
+from mlaq.model.loading.online import online_dequantized
+from mlaq.settings import Platform, VllmPluginEnv
+
+ONLINE = {"mode": "emulate", "quantization": "online", "targets": {"re:.*kv_b_proj": "fp8_per_tensor"}}
+
+
+def test_config_and_plan_give_vllms_meaning():
+    config = read_config({"mlaq": ONLINE}, None)
+    assert config.explicit.online
+    plan = make_plan(
+        config,
+        checkpoint_files(str(bundled_model_dir()), {}),
+        VllmPluginEnv(),
+        Kernels(Platform.CPU, False, False),
+    )
+    assert {(a.online, a.emulate) for a in plan.actions} == {("fp8_per_tensor", None)}
+    assert any(
+        "quantize the kv_b_proj linear to fp8_per_tensor as vLLM 0.32 does" in line for line in plan.lines()
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"quantization": "offline"}, "expected 'online'"),
+        ({"targets": {"re:.*kv_b_proj": "mxfp4_w4a16"}}, "is not a vLLM online shorthand"),
+        ({"mode": "policy"}, "in mode emulate only"),
+    ],
+)
+def test_bad_online_settings_name_the_key(change, message):
+    with pytest.raises(ValueError, match=message):
+        read_config({"mlaq": {**ONLINE, **change}}, None)
+
+
+def test_layer_weight_is_the_online_dequantized_one_before_vllm_splits_it(monkeypatch):
+    """A stand-in layer at tensor-parallel size 1: vLLM's process sees the dequantized weight."""
+    fake = types.ModuleType("vllm.distributed")
+    fake.get_tensor_model_parallel_world_size = lambda: 1
+    fake.get_tp_group = None
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.distributed", fake)
+    g = torch.Generator().manual_seed(9)
+    w = (torch.randn(64, 32, generator=g) * 0.1).bfloat16()
+    seen = []
+    layer = SimpleNamespace(
+        layer_name="model.layers.0.self_attn.attn",
+        kv_b_proj=SimpleNamespace(weight=torch.nn.Parameter(w.clone(), requires_grad=False)),
+    )
+    layer.process_weights_after_loading = lambda dtype: seen.append(layer.kv_b_proj.weight.detach().clone())
+    _apply_online(layer, "fp8_per_tensor")
+    layer.process_weights_after_loading(torch.bfloat16)
+    assert len(seen) == 1 and torch.equal(seen[0], online_dequantized(w, "fp8_per_tensor", torch.bfloat16))
+    assert not torch.equal(seen[0], w)
