@@ -223,22 +223,20 @@ def disk_read_speed(file: Path, chunk: int = 64 * 2**20) -> float:
 
 def measure_child(path: Path, budget: str, out: Path) -> None:
     """Runs in a fresh process: the streamed validation, its record and wall time into ``out``."""
+    from mlaq.progress import PlainProgress
     from mlaq.validate.config import ValidateConfig
+    from mlaq.validate.shape import RunShape
     from mlaq.validate.sources.stream import StreamSource
-    from mlaq.validate.stream.progress import PlainLayerProgress
+    from mlaq.validate.stream import StreamConfig
 
     torch.set_num_threads(1)
-    cfg = ValidateConfig(
-        model=path,
-        eval_text=path / "heldout.txt",
-        schemes=RUN["schemes"],
-        context_len=RUN["context_len"],
-        windows=RUN["windows"],
-        prompt_len=64,
-        flip_rows=RUN["flip_rows"],
+    shape = RunShape(
+        eval_text=path / "heldout.txt", context_len=RUN["context_len"], windows=RUN["windows"], prompt_len=64
     )
+    cfg = ValidateConfig(model=path, shape=shape, schemes=RUN["schemes"], flip_rows=RUN["flip_rows"])
     start = time.perf_counter()
-    record = StreamSource(cfg, budget, noise_floor=None, layer_progress=PlainLayerProgress()).measure()
+    stream = StreamSource(cfg, StreamConfig.parse(budget), noise_floor=None)
+    record = stream.measure(PlainProgress("validate --stream"))
     wall = time.perf_counter() - start
     use = resource.getrusage(resource.RUSAGE_SELF)
     result = {

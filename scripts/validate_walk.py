@@ -55,10 +55,17 @@ def parameter_types() -> tuple[type, ...]:
     """The types of the run's parameters (whatever the code calls them, wherever they live)."""
     import mlaq.validate.config as config
     import mlaq.validate.record as record
+    import mlaq.validate.shape as shape
     import mlaq.validate.tasks.spec as spec
     import mlaq.validate.verdict as verdict
 
-    kinds: list[type] = [argparse.Namespace, config.ValidateConfig, config.Variant, spec.TaskConfig]
+    kinds: list[type] = [
+        argparse.Namespace,
+        config.ValidateConfig,
+        shape.RunShape,
+        config.Variant,
+        spec.TaskConfig,
+    ]
     kinds += [verdict.VerdictConfig, record.Record, record.VariantRecord, record.TaskSuiteRecord]
     with contextlib.suppress(ImportError, AttributeError):
         import mlaq.validate.report_types as report_types  # the typed report, where there is one

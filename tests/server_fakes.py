@@ -7,11 +7,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mlaq.progress import NullProgress
+from mlaq.validate.server import ClientConfig, ServerValidateConfig
+from mlaq.validate.shape import RunShape
 
 VOCAB = 32
 
@@ -223,3 +228,40 @@ class FakeServer:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+# the --server tests' shared setup: an evaluation text, the config of a small run, a progress stub
+TEXT = "".join(f"line {i}: value = {i * 7 % 13} + {i % 5}\n" for i in range(200))
+_SHAPE = {f.name for f in fields(RunShape)}
+
+
+def write_text(folder: Path) -> Path:
+    path = folder / "eval.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def server_config(server: ClientConfig, **kw: Any) -> ServerValidateConfig:
+    """``ServerValidateConfig`` whose ``kw`` mixes the run shape's fields (windows, eval_text, tasks, ...)
+    and the server config's own (reference, logprobs, ...)."""
+    shape = RunShape(**{k: v for k, v in kw.items() if k in _SHAPE})
+    return ServerValidateConfig(
+        server=server, shape=shape, **{k: v for k, v in kw.items() if k not in _SHAPE}
+    )
+
+
+def fake_config(url: str, text: Path, **kw: Any) -> ServerValidateConfig:
+    """A small run against the fake server(s): no retries unless asked, a short backoff."""
+    client = ClientConfig(url, timeout=kw.pop("timeout", 30.0), retries=kw.pop("retries", 0), backoff=0.01)
+    base = dict(eval_text=text, context_len=48, windows=2, buckets=3, prompts=3, prompt_len=16, max_tokens=12)
+    return server_config(client, **{**base, "concurrency": 2, **kw})
+
+
+class Notes(NullProgress):
+    """A silent progress that keeps the notes (``still waiting ...``) instead of printing them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def note(self, line: str) -> None:
+        self.lines.append(line)

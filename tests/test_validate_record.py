@@ -16,6 +16,7 @@ from mlaq.validate.config import ValidateConfig
 from mlaq.validate.record import GenerationRecord, LayerRef, Record, SpecCounts, Totals, VariantRecord
 from mlaq.validate.report_md import render_markdown
 from mlaq.validate.runner import measure
+from mlaq.validate.shape import RunShape
 from mlaq.validate.stats import bucket_mean, ratio_rms, summarize
 from mlaq.validate.summary import format_plain, print_summary
 
@@ -127,7 +128,7 @@ def test_measure_takes_any_source() -> None:
         def measure(self, progress):
             return hand_record()
 
-    cfg = ValidateConfig(model=Path("unused"), eval_text=Path("unused"))
+    cfg = ValidateConfig(model=Path("unused"), shape=RunShape(eval_text=Path("unused")))
     assert measure(cfg, source=Recorded()) == hand_record()
 
 

@@ -12,20 +12,18 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from mlaq.outputs import MANIFEST, note_written
 from mlaq.validate import report as report_mod
-from mlaq.validate.config import ValidateConfig
 from mlaq.validate.report import REPORT_JSON, REPORT_MD, write_report
 from mlaq.validate.runner import run_validation
 from mlaq.validate.summary import format_markdown, format_plain, print_summary
 from mlaq.validate.tasks.spec import TaskConfig
-from validate_helpers import tiny_checkpoint
+from validate_helpers import local_config, tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     ckpt = tiny_checkpoint(tmp_path_factory.mktemp("tiny_report"))
-    cfg = ValidateConfig(
-        model=ckpt,
-        eval_text=ckpt / "heldout.txt",
+    cfg = local_config(
+        ckpt,
         schemes=("mxfp4", "fp8_per_block"),
         context_len=48,
         windows=1,

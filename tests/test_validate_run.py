@@ -12,11 +12,11 @@ import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
-from mlaq.validate.config import NOISE_FLOOR, ValidateConfig, Variant, VariantKind
+from mlaq.validate.config import NOISE_FLOOR, Variant, VariantKind
 from mlaq.validate.record import Record
 from mlaq.validate.runner import measure, run_validation
 from mlaq.validate.stats import summarize
-from validate_helpers import PER_SCHEME, tiny_checkpoint
+from validate_helpers import PER_SCHEME, local_config, reshaped, tiny_checkpoint
 
 SMALL = {
     "context_len": 64,
@@ -36,9 +36,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def record(checkpoint):
-    cfg = ValidateConfig(
-        model=checkpoint,
-        eval_text=checkpoint / "heldout.txt",
+    cfg = local_config(
+        checkpoint,
         schemes=("fp8_per_tensor", "mxfp4"),
         as_configured=True,
         quantization_config='{"targets": {"re:.*kv_b_proj": "mxfp4"}}',
@@ -139,7 +138,7 @@ def test_fp32_against_itself_is_exactly_zero(checkpoint) -> None:
     """The same variant on both sides: zero error, zero KL, full agreement, identical generations and
     acceptance. Fails if the per-layer replay does not reproduce the captured run bit for bit."""
     fp32 = Variant("fp32", VariantKind.REFERENCE, torch.float32, "fp32")
-    cfg = ValidateConfig(model=checkpoint, eval_text=checkpoint / "heldout.txt", schemes=("fp32",), **SMALL)
+    cfg = local_config(checkpoint, schemes=("fp32",), **SMALL)
     r = run_validation(cfg, reference=fp32, noise_floor=NOISE_FLOOR)
     for s in (r["schemes"]["fp32"], r["noise_floor"]):
         assert s["attn_rel_err"] == 0.0 and all(x["rel_err"] == 0.0 for x in s["attn_rel_err_by_layer"])
@@ -156,7 +155,7 @@ def test_dsa_checkpoint_replays_its_key_masks(tmp_path) -> None:
     ckpt = tiny_checkpoint(tmp_path / "dsa", "glm_moe_dsa")
     fp32 = Variant("fp32", VariantKind.REFERENCE, torch.float32, "fp32")
     small = {**SMALL, "windows": 1, "prompts": 1}
-    cfg = ValidateConfig(model=ckpt, eval_text=ckpt / "heldout.txt", schemes=("fp32", "mxfp4"), **small)
+    cfg = local_config(ckpt, schemes=("fp32", "mxfp4"), **small)
     r = run_validation(cfg, reference=fp32, noise_floor=None)
     assert r["noise_floor"] is None
     assert r["schemes"]["fp32"]["attn_rel_err"] == 0.0 and r["schemes"]["fp32"]["kl"] == 0.0
@@ -166,9 +165,7 @@ def test_dsa_checkpoint_replays_its_key_masks(tmp_path) -> None:
 def test_precision_consistent_changes_only_prefill(checkpoint) -> None:
     """Teacher forcing runs the absorbed path everywhere, so --precision cannot change it; prefill
     (naive path) then uses the scheme's weights, which the generation sees."""
-    base = ValidateConfig(
-        model=checkpoint, eval_text=checkpoint / "heldout.txt", schemes=("mxfp4",), **{**SMALL, "windows": 1}
-    )
+    base = local_config(checkpoint, schemes=("mxfp4",), **{**SMALL, "windows": 1})
     from mlaq.model import Precision
 
     a = run_validation(base, noise_floor=None)
@@ -178,9 +175,8 @@ def test_precision_consistent_changes_only_prefill(checkpoint) -> None:
 
 
 def test_without_speculation(checkpoint) -> None:
-    cfg = ValidateConfig(
-        model=checkpoint,
-        eval_text=checkpoint / "heldout.txt",
+    cfg = local_config(
+        checkpoint,
         schemes=("mxfp8",),
         **{**SMALL, "windows": 1, "num_speculative_tokens": 0},
     )
@@ -193,9 +189,9 @@ def test_without_speculation(checkpoint) -> None:
 
 def test_a_checkpoint_without_mtp_weights_needs_k_0(tmp_path) -> None:
     ckpt = tiny_checkpoint(tmp_path / "no_mtp", mtp=False)
-    cfg = ValidateConfig(model=ckpt, eval_text=ckpt / "heldout.txt", schemes=("mxfp4",), **SMALL)
+    cfg = local_config(ckpt, schemes=("mxfp4",), **SMALL)
     with pytest.raises(ValueError, match="--num-speculative-tokens 0"):
         run_validation(cfg)
-    r = run_validation(replace(cfg, num_speculative_tokens=0, windows=1), noise_floor=None)
+    r = run_validation(reshaped(cfg, num_speculative_tokens=0, windows=1), noise_floor=None)
     layers = r["schemes"]["mxfp4"]["attn_rel_err_by_layer"]
     assert [x["mtp"] for x in layers] == [False, False]

@@ -10,33 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlaq.validate.server import ClientConfig, ServerError, ServerValidateConfig
+from mlaq.validate.server import ClientConfig, ServerError
 from mlaq.validate.sources.server import run_server_validation
-from server_fakes import VOCAB, Behaviour, FakeServer, logprobs
-
-TEXT = "".join(f"line {i}: value = {i * 7 % 13} + {i % 5}\n" for i in range(200))
+from server_fakes import VOCAB, Behaviour, FakeServer, fake_config, logprobs, write_text
 
 
 @pytest.fixture
 def text(tmp_path: Path) -> Path:
-    p = tmp_path / "eval.txt"
-    p.write_text(TEXT)
-    return p
+    return write_text(tmp_path)
 
 
-def _cfg(url: str, text: Path, **kw: object) -> ServerValidateConfig:
-    base = dict(
-        server=ClientConfig(url, timeout=kw.pop("timeout", 30.0), retries=kw.pop("retries", 0), backoff=0.01),
-        eval_text=text,
-        context_len=48,
-        windows=2,
-        buckets=3,
-        prompts=3,
-        prompt_len=16,
-        max_tokens=12,
-        concurrency=2,
-    )
-    return ServerValidateConfig(**{**base, **kw})  # type: ignore[arg-type]
+_cfg = fake_config  # a small run against the fake server(s)
 
 
 def _cand(r: dict) -> dict:
@@ -260,6 +244,16 @@ def test_cli_json_and_report(text: Path, tmp_path: Path, capsys: pytest.CaptureF
     md = (out / "report.md").read_text()
     assert "Mean    KLD:" in md and "Same top p:" in md and "KL(reference ‖ scheme) by position" in md
     assert (out / "error_vs_position.png").is_file()
+
+
+@pytest.mark.parametrize("flag", ["--windows", "--max-tokens"])
+def test_one_run_shape_for_every_source(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run-shape options are read once, into one RunShape: local and --server refuse alike."""
+    from mlaq.cli import main
+
+    for extra in ([], ["--server", "http://127.0.0.1:1"]):
+        assert main(["validate", *extra, flag, "0", "--no-progress"]) == 2
+        assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err, extra
 
 
 @pytest.mark.parametrize(

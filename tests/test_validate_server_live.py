@@ -21,10 +21,11 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from mlaq.validate.server import ClientConfig, ServerValidateConfig
+from mlaq.validate.server import ClientConfig
 from mlaq.validate.sources.server import run_server_validation
 from serve_helpers import serving
-from validate_helpers import tiny_checkpoint
+from server_fakes import server_config
+from validate_helpers import local_config, tiny_checkpoint
 
 MXFP4 = '{"targets": {"re:.*kv_b_proj": "mxfp4"}}'
 SIZES = dict(context_len=64, windows=2, buckets=2, prompts=3, prompt_len=32, max_tokens=16)
@@ -42,8 +43,8 @@ def _tasks():  # -> TaskConfig
 
 
 def _validate(a: str, b: str, ckpt: Path, tasks: object = None) -> dict:
-    cfg = ServerValidateConfig(
-        server=ClientConfig(a, retries=0),
+    cfg = server_config(
+        ClientConfig(a, retries=0),
         reference=ClientConfig(b, retries=0),
         eval_text=ckpt / "heldout.txt",
         logprobs=-1,
@@ -67,15 +68,13 @@ def test_bf16_against_bf16_is_exactly_zero(ckpt: Path) -> None:
 
 
 def test_mxfp4_server_matches_local_validate(ckpt: Path) -> None:
-    from mlaq.validate.config import ValidateConfig
     from mlaq.validate.runner import measure
     from mlaq.validate.stats import summarize
 
     local = summarize(
         measure(
-            ValidateConfig(
-                model=ckpt,
-                eval_text=ckpt / "heldout.txt",
+            local_config(
+                ckpt,
                 schemes=("mxfp4",),
                 num_speculative_tokens=0,
                 tasks=_tasks(),
@@ -118,9 +117,9 @@ def test_mtp_acceptance_per_request_equals_the_metrics_deltas(ckpt: Path) -> Non
     reports = []
     for serve in ({"per_request_spec_decode_metrics": "summary"}, {}):
         with serving(ckpt, mtp, **serve) as a:
-            cfg = ServerValidateConfig(
-                server=ClientConfig(a.url, retries=0), eval_text=ckpt / "heldout.txt", concurrency=1, **SIZES
-            )  # type: ignore[arg-type]
+            cfg = server_config(
+                ClientConfig(a.url, retries=0), eval_text=ckpt / "heldout.txt", concurrency=1, **SIZES
+            )
             reports.append(run_server_validation(cfg))
     per_request, scraped = reports
     assert per_request["model"]["servers"]["candidate"]["acceptance_source"] == "per_request"
@@ -136,7 +135,7 @@ def test_api_key(ckpt: Path) -> None:
     with serving(ckpt, api_key="sekret") as a:
         base = dict(eval_text=ckpt / "heldout.txt", concurrency=1, **SIZES)
         with pytest.raises(ServerError, match=r"HTTP 401.*pass the server's key with --api-key"):
-            run_server_validation(ServerValidateConfig(server=ClientConfig(a.url, retries=0), **base))  # type: ignore[arg-type]
+            run_server_validation(server_config(ClientConfig(a.url, retries=0), **base))
         keyed = ClientConfig(a.url, api_key="sekret", retries=0)
-        r = run_server_validation(ServerValidateConfig(server=keyed, **base))  # type: ignore[arg-type]
+        r = run_server_validation(server_config(keyed, **base))
     assert r["reference"]["generation"]["repeated_ngram_share"] >= 0.0

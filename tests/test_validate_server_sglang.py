@@ -12,16 +12,15 @@ from mlaq.validate.server import ClientConfig
 from mlaq.validate.server.client import ServerError
 from mlaq.validate.server.sglang import generate_body, parse_teacher_forced
 from mlaq.validate.sources.server import run_server_validation
-from server_fakes import Behaviour, FakeServer
+from server_fakes import Behaviour, FakeServer, write_text
+from server_fakes import fake_config as _cfg
 from server_fakes_sglang import SglangBehaviour, SglangServer
-from test_validate_server import TEXT, _cand, _cfg, _srv
+from test_validate_server import _cand, _srv
 
 
 @pytest.fixture
 def text(tmp_path: Path) -> Path:
-    p = tmp_path / "eval.txt"
-    p.write_text(TEXT)
-    return p
+    return write_text(tmp_path)
 
 
 def test_sglang_against_an_equal_vllm_shaped_server_gives_zero_kl(text: Path) -> None:

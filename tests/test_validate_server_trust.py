@@ -11,34 +11,18 @@ from pathlib import Path
 import pytest
 
 from mlaq.bundled import bundled_model_dir
-from mlaq.validate.server import ClientConfig, ServerError, ServerValidateConfig
+from mlaq.validate.server import ClientConfig, ServerError
 from mlaq.validate.server import client as client_mod
 from mlaq.validate.sources.server import run_server_validation
-from server_fakes import VOCAB, Behaviour, FakeServer, _Handler
-
-TEXT = "".join(f"line {i}: value = {i * 7 % 13} + {i % 5}\n" for i in range(200))
+from server_fakes import VOCAB, Behaviour, FakeServer, Notes, _Handler, fake_config, write_text
 
 
 @pytest.fixture
 def text(tmp_path: Path) -> Path:
-    p = tmp_path / "eval.txt"
-    p.write_text(TEXT)
-    return p
+    return write_text(tmp_path)
 
 
-def _cfg(url: str, text: Path, **kw: object) -> ServerValidateConfig:
-    base = dict(
-        server=ClientConfig(url, timeout=kw.pop("timeout", 30.0), retries=kw.pop("retries", 0), backoff=0.01),
-        eval_text=text,
-        context_len=48,
-        windows=2,
-        buckets=3,
-        prompts=3,
-        prompt_len=16,
-        max_tokens=12,
-        concurrency=2,
-    )
-    return ServerValidateConfig(**{**base, **kw})  # type: ignore[arg-type]
+_cfg = fake_config  # a small run against the fake server(s)
 
 
 def _server(handler: type, behaviour: Behaviour | None = None) -> FakeServer:
@@ -173,23 +157,6 @@ def test_a_timeout_is_not_retried_and_the_default_fits_a_first_token(text: Path)
     with FakeServer(b) as a, pytest.raises(ServerError, match=r"no answer within 0.2 s"):
         run_server_validation(_cfg(a, text, timeout=0.2, retries=3))
     assert b.requests <= 1  # one completion tried, not four
-
-
-class Notes:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def begin(self, total: int) -> None:
-        pass
-
-    def step(self, description: str) -> None:
-        pass
-
-    def end(self, ok: bool = True) -> None:
-        pass
-
-    def note(self, line: str) -> None:
-        self.lines.append(line)
 
 
 def test_a_slow_server_gets_still_waiting_notes_through_the_progress(text: Path, monkeypatch) -> None:

@@ -11,6 +11,8 @@ import shutil
 import pytest
 import torch
 
+from mlaq.progress import NullProgress
+
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from mlaq.cli import main
@@ -20,10 +22,10 @@ from mlaq.validate.record import Record
 from mlaq.validate.runner import measure
 from mlaq.validate.sources.engine import EngineSource
 from mlaq.validate.sources.stream import StreamSource
-from mlaq.validate.stream import parse_size
+from mlaq.validate.stream import StreamConfig, parse_size
 from mlaq.validate.tasks.spec import TaskConfig
 from quant_helpers import quantize_checkpoint
-from validate_helpers import tiny_checkpoint
+from validate_helpers import local_config, reshaped, tiny_checkpoint
 
 SMALL = {
     "flip_rows": 32,  # of the window's 64 query rows: a sample, as validate's default takes of long windows
@@ -45,13 +47,24 @@ def checkpoint(tmp_path_factory):
     return tiny_checkpoint(tmp_path_factory.mktemp("stream_v3"))
 
 
+class _Steps(NullProgress):
+    def __init__(self) -> None:
+        self.total, self.lines = 0, []
+
+    def begin(self, total: int) -> None:
+        self.total = total
+
+    def step(self, description: str) -> None:
+        self.lines.append(description)
+
+
 def _config(path, schemes=("fp8_per_tensor", "mxfp4"), **kw) -> ValidateConfig:
-    return ValidateConfig(model=path, eval_text=path / "heldout.txt", schemes=schemes, **{**SMALL, **kw})
+    return local_config(path, schemes=schemes, **{**SMALL, **kw})
 
 
 def _both(cfg, reference=REFERENCE, noise_floor=NOISE_FLOOR, max_chunk=None) -> tuple[Record, Record]:
     engine = measure(cfg, source=EngineSource(cfg, reference=reference, noise_floor=noise_floor))
-    stream = StreamSource(cfg, BUDGET, reference=reference, noise_floor=noise_floor, max_chunk=max_chunk)
+    stream = StreamSource(cfg, StreamConfig(BUDGET, max_chunk), reference=reference, noise_floor=noise_floor)
     return engine, measure(cfg, source=stream)
 
 
@@ -112,7 +125,7 @@ def test_streamed_equals_in_memory_bf16_with_noise_floor_and_as_configured(check
     cfg = _config(
         checkpoint, as_configured=True, quantization_config='{"targets": {"re:.*kv_b_proj": "mxfp4"}}'
     )  # consistent: the naive path (the task prefills) runs each scheme's own weights
-    cfg = dataclasses.replace(cfg, tasks=TASKS, precision=Precision.CONSISTENT)
+    cfg = reshaped(cfg, tasks=TASKS, precision=Precision.CONSISTENT)
     engine, stream = _both(cfg)
     _assert_same(engine, stream)
     assert stream.candidates[-1].decisions == engine.candidates[-1].decisions != []
@@ -148,8 +161,14 @@ def test_each_layer_and_expert_is_read_once(checkpoint) -> None:
     """Bytes read = every tensor of every layer once (routed experts at most once per layer), the
     embedding rows the windows use, the final norm and the head; never the MTP's head or embedding."""
     cfg = _config(checkpoint)
-    stream = measure(cfg, source=StreamSource(cfg, BUDGET))
+    steps = _Steps()
+    stream = measure(cfg, source=StreamSource(cfg, StreamConfig(BUDGET)), progress=steps)
     info = stream.config["stream"]
+    # validate's one progress: a step per decoder layer stage (read, attention, MLP), the head and the MTP
+    # layer, each naming the bytes read so far, the ETA they give and the peak RSS
+    assert len(steps.lines) == steps.total == 2 * 3 + 1 + 1, steps.lines
+    assert steps.lines[0].startswith("layer 0: reading (") and steps.lines[-2].startswith("final norm")
+    assert all(" read, ETA " in line and ", peak RSS " in line for line in steps.lines)
     sizes = {f.name: f.stat().st_size for f in checkpoint.glob("*.safetensors")}
     assert 0 < info["bytes_read"] < sum(sizes.values())
     layers = [x for x in info["layers"] if x["layer"] >= 0]
@@ -161,7 +180,7 @@ def test_each_layer_and_expert_is_read_once(checkpoint) -> None:
 def test_budget_too_small_names_the_size(checkpoint) -> None:
     cfg = _config(checkpoint)
     with pytest.raises(ValueError, match=r"--memory-budget 1 MiB is too small: .* needs at least .*GiB"):
-        measure(cfg, source=StreamSource(cfg, "1MiB"))
+        measure(cfg, source=StreamSource(cfg, StreamConfig.parse("1MiB")))
 
 
 @pytest.mark.parametrize(

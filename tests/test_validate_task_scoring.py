@@ -14,7 +14,7 @@ from mlaq.validate.tasks.spec import TaskConfig
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
-from validate_helpers import CHARS, eval_text, tiny_checkpoint
+from validate_helpers import CHARS, eval_text, local_config, tiny_checkpoint
 
 V = len(CHARS)
 
@@ -178,11 +178,11 @@ def test_model_pool_reinstalls_a_schemes_weights_without_requantizing(tmp_path) 
     """Switching back to a scheme installs the weights prepared the first time (the task suite switches
     schemes once per batch): same objects, same outputs as a fresh prepare."""
     from mlaq.model import ModelCache
-    from mlaq.validate.config import ValidateConfig, Variant, VariantKind
+    from mlaq.validate.config import Variant, VariantKind
     from mlaq.validate.variants import ModelPool
 
     path = tiny_checkpoint(tmp_path)
-    pool = ModelPool(ValidateConfig(model=path, eval_text=path / "heldout.txt"))
+    pool = ModelPool(local_config(path))
     mx = Variant("mxfp4", VariantKind.SCHEME, torch.bfloat16, "mxfp4")
     bf = Variant("bf16", VariantKind.SCHEME, torch.bfloat16, "bf16")
     model = pool.model(mx)

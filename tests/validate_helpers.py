@@ -4,9 +4,15 @@ character-level tokenizer.json over the 96-token vocabulary, and a held-out text
 from __future__ import annotations
 
 import json
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
+from mlaq.validate.config import ValidateConfig
+from mlaq.validate.shape import RunShape
 from model_helpers import add_mtp_layer, edit_config, hf_checkpoint
+
+_SHAPE = {f.name for f in fields(RunShape)}
 
 CHARS = [chr(c) for c in range(32, 127)] + ["\n"]  # 96 symbols = the test vocabulary
 MAX_POSITIONS = 256
@@ -58,3 +64,18 @@ def tiny_checkpoint(
     write_char_tokenizer(path)
     (path / "heldout.txt").write_text(eval_text())
     return path
+
+
+def local_config(model: Path, **kw: Any) -> ValidateConfig:
+    """A ValidateConfig of ``model`` and its held-out text; ``kw`` mixes the run shape's fields (windows,
+    context_len, ...) and the local config's (schemes, num_speculative_tokens, ...)."""
+    shape = {"eval_text": model / "heldout.txt", **{k: v for k, v in kw.items() if k in _SHAPE}}
+    return ValidateConfig(
+        model=model, shape=RunShape(**shape), **{k: v for k, v in kw.items() if k not in _SHAPE}
+    )
+
+
+def reshaped(cfg: ValidateConfig, **kw: Any) -> ValidateConfig:
+    """``dataclasses.replace`` of a ValidateConfig whose ``kw`` may name the run shape's fields too."""
+    shape = replace(cfg.shape, **{k: v for k, v in kw.items() if k in _SHAPE})
+    return replace(cfg, shape=shape, **{k: v for k, v in kw.items() if k not in _SHAPE})

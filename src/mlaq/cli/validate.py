@@ -12,26 +12,10 @@ from __future__ import annotations
 
 import argparse
 
+from mlaq.cli import validate_shape
 from mlaq.cli.explain import add_platform_arguments, add_quantization_argument, add_tp_argument
 from mlaq.validate import defaults as d
 from mlaq.validate.defaults import DEFAULT_SCHEMES
-
-_SIZES = (
-    (
-        "--context-len",
-        "context_len",
-        None,
-        f"teacher-forcing window length (default: the model's context, at most {d.MAX_DEFAULT_CONTEXT})",
-    ),
-    ("--windows", "windows", d.WINDOWS, "teacher-forced windows of --context-len tokens"),
-    ("--buckets", "buckets", d.BUCKETS, "context-position buckets"),
-    ("--prompts", "prompts", d.PROMPTS, "greedy generations from held-out prompts"),
-    ("--prompt-len", "prompt_len", d.PROMPT_LEN, "prompt length in tokens"),
-    ("--max-tokens", "max_tokens", d.MAX_TOKENS, "tokens generated per prompt"),
-    ("--ngram", "ngram", d.NGRAM, "n of the repeated n-gram share"),
-    ("--flip-rows", "flip_rows", d.FLIP_ROWS, "query rows per window and layer for the attention flip rate"),
-)
-_ALL_TASKS = "needle,multikey,copy,vartrack"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,34 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_tp_argument(parser)
     add_quantization_argument(parser)
+    validate_shape.add_arguments(parser)  # --eval-text, --context-len, --windows, ... (every source's)
     parser.add_argument(
-        "--eval-text",
-        metavar="PATH",
-        help="evaluation text (default: MODEL/heldout.txt, or the bundled model's with --server; the bundled "
-        "mlaq-tiny-4k also ships heldout-prose.txt, English prose)",
+        "--flip-rows",
+        type=int,
+        default=d.FLIP_ROWS,
+        metavar="N",
+        help="query rows per window and layer for the attention flip rate",
     )
-    for flag, dest, default, help_text in _SIZES:
-        parser.add_argument(flag, dest=dest, type=int, default=default, metavar="N", help=help_text)
-    parser.add_argument(
-        "--tasks",
-        default=_ALL_TASKS,
-        metavar="LIST",
-        help=f"long-context tasks, comma-separated (default {_ALL_TASKS}; 'none': skip the suite)",
-    )
-    parser.add_argument(
-        "--lengths",
-        metavar="N,N,...",
-        help="task lengths in tokens (default: the model's context, at most 4096)",
-    )
-    parser.add_argument(
-        "--task-samples",
-        metavar="N|TASK=N,...",
-        help="long-context task samples per length: N for every task, or per task such as needle=64,copy=8 "
-        f"(default {d.TASK_SAMPLES})",
-    )
-    parser.add_argument(
-        "--needle-depths", metavar="D,D,...", help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"
-    )
+    validate_shape.add_task_arguments(parser)
     parser.add_argument(
         "--fail-on",
         choices=["degraded", "inconclusive"],
@@ -157,8 +122,6 @@ def _schemes(values: list[str] | None, as_configured: bool) -> tuple[str, ...]:
 
 
 def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported lazily)
-    from pathlib import Path
-
     from mlaq.bundled import model_or_default
     from mlaq.model.loading.checkpoint import check_weight_files
     from mlaq.policy.local_dir import require_local_dir
@@ -175,9 +138,10 @@ def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported l
         raise ValueError(
             "--platform and --engine-defaults decide what --as-configured measures; add --as-configured"
         )
+    eval_text = None if args.eval_text else default_eval_text(model)
     return ValidateConfig(
         model=model,
-        eval_text=Path(args.eval_text) if args.eval_text else default_eval_text(model),
+        shape=validate_shape.run_shape(args, eval_text),
         schemes=_schemes(args.schemes, as_configured),
         as_configured=as_configured,
         settings=Settings.from_env(platform=args.platform, engine=args.engine_defaults)
@@ -187,30 +151,9 @@ def config_from_args(args: argparse.Namespace):  # -> ValidateConfig (imported l
         quantization=args.quantization,
         precision=precision_of(args.precision),
         tensor_parallel_size=args.tensor_parallel_size,
-        context_len=args.context_len,
-        windows=args.windows,
-        buckets=args.buckets,
-        prompts=args.prompts,
-        prompt_len=args.prompt_len,
-        max_tokens=args.max_tokens,
         num_speculative_tokens=args.num_speculative_tokens,
-        ngram=args.ngram,
-        seed=args.seed,
-        tasks=task_config(args),
         flip_rows=args.flip_rows,
     )
-
-
-def task_config(args: argparse.Namespace):  # -> TaskConfig | None
-    from mlaq.validate.tasks import spec
-
-    depths = spec.parse_depths(args.needle_depths) if args.needle_depths is not None else spec.DEFAULT_DEPTHS
-    lengths = spec.parse_ints("--lengths", args.lengths) if args.lengths is not None else None
-    if args.tasks.strip() == "none":
-        return None
-    samples, per_task = spec.parse_samples(args.task_samples or d.TASK_SAMPLES)
-    tasks = spec.parse_tasks(args.tasks)
-    return spec.TaskConfig(tasks, lengths, samples, per_task, depths=depths, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -226,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "server", None):
         from mlaq.cli.validate_server import source_from_args
 
-        source = source_from_args(args, lambda: task_config(args))
+        source = source_from_args(args)
     else:
         source = _local_source(args)
     out = prepare_out(args.out, args.overwrite) if args.out else None  # before measuring: costs nothing
@@ -253,7 +196,7 @@ def _local_source(args: argparse.Namespace):  # -> Source: the engine, or the ch
     config = config_from_args(args)
     from mlaq.cli.generate import warn_drafts_unusable
 
-    warn_drafts_unusable("validate", config.num_speculative_tokens, "--max-tokens", config.max_tokens)
+    warn_drafts_unusable("validate", config.num_speculative_tokens, "--max-tokens", config.shape.max_tokens)
     if args.eval_text and not config.eval_text.is_file():
         raise FileNotFoundError(f"--eval-text {config.eval_text}: no such file")
     if args.threads:
@@ -262,11 +205,9 @@ def _local_source(args: argparse.Namespace):  # -> Source: the engine, or the ch
         raise ValueError("--memory-budget applies to --stream; add --stream")
     if args.stream:
         from mlaq.validate.sources.stream import StreamSource
-        from mlaq.validate.stream import DEFAULT_BUDGET
-        from mlaq.validate.stream.progress import make_layer_progress
+        from mlaq.validate.stream import StreamConfig
 
-        budget = args.memory_budget or DEFAULT_BUDGET
-        return StreamSource(config, budget, layer_progress=make_layer_progress(not args.no_progress))
+        return StreamSource(config, StreamConfig.parse(args.memory_budget))
     from mlaq.libc import keep_freed_memory
     from mlaq.validate.sources.engine import EngineSource
 

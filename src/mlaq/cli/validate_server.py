@@ -1,14 +1,15 @@
 """The ``--server`` options of ``mlaq validate``: measure a live deployment instead of the local engine.
 
-``mlaq validate --server URL [--reference URL | --against FILE] [--record FILE] ...`` — the sizes
-(--windows, --context-len, --prompts, ...) and --out / --json are shared with local validate.
+``mlaq validate --server URL [--reference URL | --against FILE] [--record FILE] ...`` — the run's shape
+(--eval-text, --windows, --context-len, --prompts, --tasks, ...: cli/validate_shape.py) and --out / --json
+are shared with local validate.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any
+
+from mlaq.cli import validate_shape
 
 # local validate's options that mean nothing for a server (the server's own flags decide)
 _LOCAL_ONLY = {
@@ -70,8 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def source_from_args(args: argparse.Namespace, tasks: Callable[[], Any]):  # -> ServerSource (lazily)
-    """The live servers of ``--server`` as a measurement source; ``tasks()``: the suite's TaskConfig."""
+def source_from_args(args: argparse.Namespace):  # -> ServerSource (lazily)
+    """The live servers of ``--server`` as a measurement source."""
     from pathlib import Path
 
     from mlaq.validate.server import ClientConfig, ServerValidateConfig
@@ -106,18 +107,9 @@ def source_from_args(args: argparse.Namespace, tasks: Callable[[], Any]):  # -> 
             model=args.served_model,
             reference_model=args.reference_model,
             tokenizer=Path(args.tokenizer) if args.tokenizer else None,
-            eval_text=Path(args.eval_text) if args.eval_text else None,
-            context_len=args.context_len,
-            windows=args.windows,
-            buckets=args.buckets,
-            prompts=args.prompts,
-            prompt_len=args.prompt_len,
-            max_tokens=args.max_tokens,
+            shape=validate_shape.run_shape(args, tasks=not args.against),  # a recording holds no task answers
             logprobs=args.logprobs,
             concurrency=args.concurrency,
-            ngram=args.ngram,
-            seed=args.seed,
-            tasks=None if args.against else tasks(),
             mc_kl=args.mc_kl,
         )
     )

@@ -2,8 +2,8 @@
 
 Public API (imported lazily: ``import mlaq.validate`` stays light for the CLI)::
 
-    from mlaq.validate import ValidateConfig, measure, summarize, write_report
-    record = measure(ValidateConfig(model=path, eval_text=path / "heldout.txt"))  # a Record
+    from mlaq.validate import RunShape, ValidateConfig, measure, summarize, write_report
+    record = measure(ValidateConfig(model=path, shape=RunShape(eval_text=path / "heldout.txt")))  # a Record
     report = summarize(record)        # pure statistics: a typed, frozen Report
     report["schemes"]["mxfp4"]["kl"]
     write_report(report, "out/")      # report.md, report.json, PNG plots, written atomically
@@ -14,7 +14,8 @@ How the package is laid out (each arrow only reads what is on its left)::
         (report_types.py; verdicts from verdict.py) --> summary.py (terminal table), report_md.py,
         plots.py, report.py (files; JSON only there, Report.to_json)
 
-``runner.run(source, progress, verdicts)`` is every run: ``summarize(source.measure(progress))``;
+A run's shape (``RunShape``, shape.py: text, windows, prompts, tasks) is the same for every source;
+each source's config holds it beside its own settings. ``runner.run(source, progress, verdicts)`` is every run: ``summarize(source.measure(progress))``;
 ``run_validation(config)`` runs the engine. A new source is one module in sources/ that fills a Record;
 a new statistic is a function in stats.py; a new table reads the Report.
 """
@@ -23,9 +24,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Record", "ValidateConfig", "Variant", "measure", "run_validation", "summarize", "write_report"]
+__all__ = [
+    "Record",
+    "RunShape",
+    "ValidateConfig",
+    "Variant",
+    "measure",
+    "run_validation",
+    "summarize",
+    "write_report",
+]
 
 _WHERE = {
+    "RunShape": "mlaq.validate.shape",
     "ValidateConfig": "mlaq.validate.config",
     "Variant": "mlaq.validate.config",
     "run_validation": "mlaq.validate.runner",

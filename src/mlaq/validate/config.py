@@ -22,7 +22,7 @@ from mlaq.model import Precision
 from mlaq.settings import Settings
 from mlaq.validate import defaults as d
 from mlaq.validate.defaults import DEFAULT_SCHEMES
-from mlaq.validate.tasks.spec import TaskConfig
+from mlaq.validate.shape import RunShape
 
 
 class VariantKind(Enum):
@@ -70,10 +70,11 @@ def check_schemes(names: tuple[str, ...]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ValidateConfig:
-    """One validation run. Sizes default to a run of a few minutes on two CPU cores."""
+    """One validation of a local checkpoint (the engine, or ``--stream``): the run's shape, and what
+    only a local run has (the checkpoint, the schemes, the engine's precision, MTP drafts, flip rows)."""
 
     model: Path
-    eval_text: Path
+    shape: RunShape  # text, windows, prompts, tasks: what every source measures alike
     schemes: tuple[str, ...] = DEFAULT_SCHEMES
     as_configured: bool = False
     settings: Settings = field(default_factory=Settings)  # only for as_configured
@@ -81,33 +82,15 @@ class ValidateConfig:
     quantization: str | None = None  # "online": the config's targets mean vLLM's (the kv_b_proj linear)
     precision: Precision = Precision.DECODE_ONLY  # which kv_b weights prefill (naive MLA) uses
     tensor_parallel_size: int = 1  # BMM scales computed per rank's shard of the heads (vLLM's TP)
-    context_len: int | None = None  # None: min(max_position_embeddings, d.MAX_DEFAULT_CONTEXT)
-    windows: int = d.WINDOWS  # teacher-forced windows of context_len tokens
-    buckets: int = d.BUCKETS  # context-position buckets
-    prompts: int = d.PROMPTS  # free-running greedy generations (MTP speculative when k >= 1)
-    prompt_len: int = d.PROMPT_LEN
-    max_tokens: int = d.MAX_TOKENS
     num_speculative_tokens: int = d.NUM_SPECULATIVE_TOKENS  # k; 0: plain greedy, no acceptance figures
-    ngram: int = d.NGRAM  # n of the repeated n-gram share
-    seed: int = 0  # picks windows and prompts; seeds the engine
-    tasks: TaskConfig | None = None  # the long-context task suite (None: not run)
     flip_rows: int = d.FLIP_ROWS  # query rows per window and layer for the attention flip rate; 0: none
 
     def __post_init__(self) -> None:
         check_schemes(self.schemes)
         if not self.schemes and not self.as_configured:
             raise ValueError("nothing to validate: give at least one scheme or --as-configured")
-        positive = {
-            "windows": self.windows,
-            "buckets": self.buckets,
-            "prompts": self.prompts,
-            "prompt_len": self.prompt_len,
-            "max_tokens": self.max_tokens,
-            "ngram": self.ngram,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.shape.eval_text is None:
+            raise ValueError(f"no evaluation text for {self.model}: pass --eval-text PATH")
         if self.quantization is not None and self.quantization_config is None:
             raise ValueError("--quantization online applies a --quantization-config (as in vLLM); add one")
         if self.tensor_parallel_size < 1:
@@ -116,8 +99,6 @@ class ValidateConfig:
             raise ValueError(f"flip_rows must be >= 0, got {self.flip_rows}")
         if self.num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
-        if self.context_len is not None and self.context_len < 2:
-            raise ValueError(f"context_len must be at least 2 tokens, got {self.context_len}")
         if self.quantization_config is not None and not self.as_configured:
             raise ValueError("--quantization-config is what --as-configured measures; pass both")
 
@@ -127,16 +108,23 @@ class ValidateConfig:
 
         return policy_config(self.quantization_config, self.quantization)
 
+    @property
+    def eval_text(self) -> Path:
+        """The evaluation text (a local run always has one: the checkpoint's held-out file by default)."""
+        assert self.shape.eval_text is not None
+        return self.shape.eval_text
+
     def resolve_context(self, max_position_embeddings: int) -> int:
         """The teacher-forcing window length for a model with this context."""
-        if self.context_len is None:
+        context_len = self.shape.context_len
+        if context_len is None:
             return min(max_position_embeddings, d.MAX_DEFAULT_CONTEXT)
-        if self.context_len > max_position_embeddings:
+        if context_len > max_position_embeddings:
             raise ValueError(
-                f"--context-len {self.context_len} exceeds the model's max_position_embeddings "
+                f"--context-len {context_len} exceeds the model's max_position_embeddings "
                 f"{max_position_embeddings}; use at most {max_position_embeddings}"
             )
-        return self.context_len
+        return context_len
 
     def variants(self, reference: Variant = REFERENCE) -> tuple[Variant, ...]:
         """The candidates, in report order: schemes (at the reference's dtype), then as-configured."""

@@ -40,7 +40,7 @@ def sample_and_score(
         return
     start = time.perf_counter()
     prompts = [inputs.prompts[i % len(inputs.prompts)] for i in range(cfg.mc_kl)]
-    jobs = [(p, cfg.seed * 1_000_003 + i) for i, p in enumerate(prompts)]
+    jobs = [(p, cfg.shape.seed * 1_000_003 + i) for i, p in enumerate(prompts)]
     try:
         drawn = pmap(
             lambda job: reference.sample(job[0], inputs.max_tokens, job[1]),

@@ -74,7 +74,7 @@ def measure_sides(cfg: ServerValidateConfig, progress: Progress | None = None) -
         if ref is not None and ref_ident is not None:
             targets.append((ref, Side(ref_ident.to_json())))
         suite = None
-        if cfg.tasks is not None:
+        if cfg.shape.tasks is not None:
             limits = [m for m in (ident.max_model_len, ref_ident.max_model_len if ref_ident else None) if m]
             suite = server_tasks.draw_samples(cfg, inputs, cand, min(limits) if limits else None)
         n_tasks = 2 * len(suite.samples) if suite is not None else 0
@@ -128,27 +128,27 @@ def _inputs(
     from mlaq.validate.config import default_eval_text
     from mlaq.validate.text import load_eval_text
 
-    context = cfg.resolve_context(max_len)
-    if max_len is not None and cfg.prompt_len + cfg.max_tokens > max_len:
+    context, shape = cfg.resolve_context(max_len), cfg.shape
+    if max_len is not None and shape.prompt_len + shape.max_tokens > max_len:
         raise ValueError(
-            f"--prompt-len {cfg.prompt_len} + --max-tokens {cfg.max_tokens} exceed the server's "
+            f"--prompt-len {shape.prompt_len} + --max-tokens {shape.max_tokens} exceed the server's "
             f"max_model_len {max_len}; shorten them"
         )
-    path = cfg.eval_text or default_eval_text(bundled_model_dir())
+    path = shape.eval_text or default_eval_text(bundled_model_dir())
     data = load_eval_text(
         path,
         Tokenizing(cand, cfg.tokenizer),
         context_len=context,
-        windows=cfg.windows,
-        prompts=cfg.prompts,
-        prompt_len=cfg.prompt_len,
-        seed=cfg.seed,
+        windows=shape.windows,
+        prompts=shape.prompts,
+        prompt_len=shape.prompt_len,
+        seed=shape.seed,
     )
     return Inputs(
         [list(w[0].tolist()) for w in data.windows()],
         data.prompts(),
         context,
-        cfg.max_tokens,
+        shape.max_tokens,
         text_tokens=data.tokens,
         eval_text={
             "path": str(path),

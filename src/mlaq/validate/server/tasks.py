@@ -49,13 +49,14 @@ class Suite:
 
 def draw_samples(cfg: ServerValidateConfig, inputs: Inputs, cand: ServerTarget, max_len: int | None) -> Suite:
     """The samples, drawn before any measuring (a length beyond the servers' context fails now)."""
-    assert cfg.tasks is not None
+    tasks = cfg.shape.tasks
+    assert tasks is not None
     # teacher forcing sends prompt + answer and asks one more token: lengths up to max_model_len - 1
     limit = max_len - 1 if max_len else 4096
-    suite = suite_run.resolve(cfg.tasks, limit, f"the server {cand.model} (max_model_len - 1)")
+    suite = suite_run.resolve(tasks, limit, f"the server {cand.model} (max_model_len - 1)")
     haystack = Haystack(str(inputs.eval_text.get("path")), tuple(inputs.text_tokens))
     encode = Tokenizing(cand, cfg.tokenizer).encode
-    samples, skipped = suite_run.draw(suite, haystack, encode, explicit=cfg.tasks.lengths is not None)
+    samples, skipped = suite_run.draw(suite, haystack, encode, explicit=tasks.lengths is not None)
     return Suite(suite, haystack, samples, skipped)
 
 

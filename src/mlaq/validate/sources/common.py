@@ -1,4 +1,4 @@
-"""What every source records the same way: versions, the model's geometry, the text, the run's settings."""
+"""What every source records the same way: versions, the model's geometry, the run's settings."""
 
 from __future__ import annotations
 
@@ -49,18 +49,6 @@ def model_info(config: ValidateConfig, mc: ModelConfig, num_mtp_layers: int) -> 
     }
 
 
-def eval_text_info(data: EvalData, prompt_sample: str) -> dict[str, Any]:
-    return {
-        "path": str(data.path),
-        "sha256": data.sha256,
-        "bytes": data.num_bytes,
-        "tokens": len(data.tokens),
-        "window_starts": list(data.window_starts),
-        "prompt_starts": list(data.prompt_starts),
-        "prompt_sample": prompt_sample,
-    }
-
-
 def config_info(c: ValidateConfig, data: EvalData, buckets: int) -> dict[str, Any]:
     return {
         "schemes": list(c.schemes),
@@ -73,11 +61,11 @@ def config_info(c: ValidateConfig, data: EvalData, buckets: int) -> dict[str, An
         "context_len": data.context_len,
         "windows": len(data.window_starts),
         "buckets": buckets,
-        "prompts": c.prompts,
-        "prompt_len": c.prompt_len,
-        "max_tokens": c.max_tokens,
+        "prompts": c.shape.prompts,
+        "prompt_len": c.shape.prompt_len,
+        "max_tokens": c.shape.max_tokens,
         "num_speculative_tokens": c.num_speculative_tokens,
-        "ngram": c.ngram,
+        "ngram": c.shape.ngram,
         "threads": torch.get_num_threads(),
     }
 

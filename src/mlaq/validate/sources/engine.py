@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import time
 
-from mlaq.engine.tokenizer import Tokenizer
 from mlaq.model.config import ModelConfig
 from mlaq.policy import decide_from_dir
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant
 from mlaq.validate.generation import generate
-from mlaq.validate.metrics import Buckets
+from mlaq.validate.inputs import eval_text_info, local_inputs
 from mlaq.validate.progress import NullProgress, Progress
 from mlaq.validate.record import GenerationRecord, Record, SpecCounts
 from mlaq.validate.sources import common
 from mlaq.validate.sources import windows as windows_source
 from mlaq.validate.sources.windows import Run
 from mlaq.validate.tasks import run as tasks
-from mlaq.validate.text import load_eval_text
 from mlaq.validate.variants import ModelPool
 
 
@@ -45,41 +43,23 @@ class EngineSource:
 
     def measure(self, progress: Progress | None = None) -> Record:
         progress = progress or NullProgress()
-        config, reference = self.config, self.reference
+        config, reference, shape = self.config, self.reference, self.config.shape
         t0 = time.perf_counter()
         model_config = ModelConfig.from_dir(config.model)
         if config.as_configured:  # a bad --quantization-config fails now, not after minutes of work
             decide_from_dir(config.model, config.settings, config.policy_config(), log=False)
         context = config.resolve_context(model_config.max_position_embeddings)
-        needed = config.prompt_len + config.max_tokens + config.num_speculative_tokens
+        needed = shape.prompt_len + shape.max_tokens + config.num_speculative_tokens
         if needed > context:
             most = model_config.max_position_embeddings
             raise ValueError(
-                f"--prompt-len {config.prompt_len} + --max-tokens {config.max_tokens} (+ k drafts) = {needed} "
+                f"--prompt-len {shape.prompt_len} + --max-tokens {shape.max_tokens} (+ k drafts) = {needed} "
                 f"tokens do not fit the context of {context}; shorten them"
                 + (f" or raise --context-len (the model takes up to {most})" if most > context else "")
             )
-        tokenizer = Tokenizer.from_dir(config.model)
-        data = load_eval_text(
-            config.eval_text,
-            tokenizer,
-            context_len=context,
-            windows=config.windows,
-            prompts=config.prompts,
-            prompt_len=config.prompt_len,
-            seed=config.seed,
-        )
-        buckets = Buckets(context, min(config.buckets, context))
-        drawn = None
-        if config.tasks is not None:  # drawn now: a bad length or haystack fails before the model work
-            drawn = tasks.draw_suite(
-                config.tasks,
-                model_config.max_position_embeddings,
-                str(config.model),
-                data,
-                lambda text: tokenizer.encode(text, add_special_tokens=False),
-            )
         candidates = config.variants(reference)
+        inputs = local_inputs(config, context, model_config.max_position_embeddings)
+        tokenizer, data, buckets, drawn = inputs.tokenizer, inputs.data, inputs.buckets, inputs.drawn
         others = ([self.noise_floor] if self.noise_floor is not None else []) + list(candidates)
         runs = {v: Run(v) for v in [reference, *others]}
         pool = ModelPool(config)
@@ -110,10 +90,10 @@ class EngineSource:
                 gen = generate(
                     pool.model(v),
                     prompts,
-                    max_tokens=config.max_tokens,
+                    max_tokens=shape.max_tokens,
                     num_speculative_tokens=k,
                     max_model_len=context,
-                    seed=config.seed,
+                    seed=shape.seed,
                 )
                 s = gen.stats
                 runs[v].generation = GenerationRecord(
@@ -148,9 +128,9 @@ class EngineSource:
         num_mtp = pool.model(reference).num_mtp_layers
         return Record(
             model=common.model_info(config, model_config, num_mtp),
-            eval_text=common.eval_text_info(data, tokenizer.decode(prompts[0][-48:])),
+            eval_text=eval_text_info(data, tokenizer.decode(prompts[0][-48:])),
             config=common.config_info(config, data, buckets.count),
-            seed=config.seed,
+            seed=shape.seed,
             versions=common.versions(),
             buckets=[list(r) for r in buckets.ranges()],
             reference=runs[reference].freeze(decisions),

@@ -37,7 +37,7 @@ class ServerSource:
         cfg = self.config
         sides = measure_sides(cfg, progress or NullProgress())
         inputs, cand, ref = sides.inputs, sides.candidate, sides.reference
-        buckets = Buckets(inputs.context_len, min(cfg.buckets, inputs.context_len))
+        buckets = Buckets(inputs.context_len, min(cfg.shape.buckets, inputs.context_len))
         candidates: list[VariantRecord] = []
         if ref is None:  # the server alone (e.g. while recording): it is the reference of its report
             reference = _variant(cand, _name(cand), "reference", buckets)
@@ -62,14 +62,14 @@ class ServerSource:
                 "prompt_len": len(inputs.prompts[0]) if inputs.prompts else 0,
                 "max_tokens": inputs.max_tokens,
                 "num_speculative_tokens": len(spec.num_accepted_tokens_per_pos) if spec is not None else 0,
-                "ngram": cfg.ngram,
+                "ngram": cfg.shape.ngram,
                 "threads": None,
                 "logprobs": cfg.logprobs,
                 "concurrency": cfg.concurrency,
                 "against": None if cfg.against is None else str(cfg.against),
                 "record": None if cfg.record is None else str(cfg.record),
             },
-            seed=cfg.seed,
+            seed=cfg.shape.seed,
             versions=common.versions(),
             buckets=[list(r) for r in buckets.ranges()],
             reference=reference,

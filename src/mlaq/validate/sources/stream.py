@@ -14,11 +14,11 @@ import dataclasses
 from typing import Any
 
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
+from mlaq.validate.inputs import eval_text_info
 from mlaq.validate.progress import Progress
 from mlaq.validate.record import OpRecord, Record, TaskScoreRecord, VariantRecord
 from mlaq.validate.sources import common
-from mlaq.validate.stream.budget import parse_size
-from mlaq.validate.stream.progress import LayerProgress
+from mlaq.validate.stream.budget import StreamConfig
 from mlaq.validate.stream.runner import StreamMeasurement, measure_stream
 from mlaq.validate.stream.streams import Stream
 
@@ -29,33 +29,28 @@ NO_GENERATION = (
 
 
 class StreamSource:
-    """Measures every variant of ``config`` layer-major within ``budget`` (bytes or '8GiB')."""
+    """Measures every variant of ``config`` layer-major within ``stream``'s memory budget."""
 
     name = "stream"
 
     def __init__(
         self,
         config: ValidateConfig,
-        budget: int | str,
+        stream: StreamConfig,
         *,
         reference: Variant = REFERENCE,
         noise_floor: Variant | None = NOISE_FLOOR,
-        layer_progress: LayerProgress | None = None,
-        max_chunk: int | None = None,
     ) -> None:
-        self.config, self.reference, self.noise_floor = config, reference, noise_floor
-        self.budget = parse_size(budget) if isinstance(budget, str) else budget
-        self.layer_progress, self.max_chunk = layer_progress, max_chunk
+        self.config, self.stream, self.reference, self.noise_floor = config, stream, reference, noise_floor
 
     def measure(self, progress: Progress | None = None) -> Record:
-        """``progress`` (validate's step progress) is not used: the layer progress replaces it."""
+        """Each of ``progress``'s steps is a layer's stage, with the bytes read and the peak RSS."""
         m = measure_stream(
             self.config,
-            self.budget,
+            self.stream,
             reference=self.reference,
             noise_floor=self.noise_floor,
-            progress=self.layer_progress,
-            max_chunk=self.max_chunk,
+            progress=progress,
         )
         return to_record(m)
 
@@ -99,9 +94,9 @@ def to_record(m: StreamMeasurement) -> Record:
     config.update({"prompts": 0, "max_tokens": 0, "num_speculative_tokens": 0, "stream": stream_info(m)})
     return Record(
         model=common.model_info(m.config, m.source.config, m.source.num_mtp_layers),
-        eval_text=common.eval_text_info(m.data, ""),
+        eval_text=eval_text_info(m.data, ""),
         config=config,
-        seed=m.config.seed,
+        seed=m.config.shape.seed,
         versions=common.versions(),
         buckets=[list(r) for r in m.buckets.ranges()],
         reference=_variant(ref, m),

@@ -49,6 +49,32 @@ def parse_size(text: str) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class StreamConfig:
+    """What ``--stream`` adds to a local run: the memory it may use (bytes), and a cap on the query chunk
+    the plan picks (None: the plan's; tests force the chunked path with it)."""
+
+    memory_budget: int
+    max_chunk: int | None = None
+
+    @classmethod
+    def parse(cls, budget: str | int | None = None, max_chunk: int | None = None) -> StreamConfig:
+        """``--memory-budget`` as given ('8GiB', bytes, or None: the default)."""
+        text = DEFAULT_BUDGET if budget is None else budget
+        return cls(text if isinstance(text, int) else parse_size(text), max_chunk)
+
+
+def reads(bytes_read: int, total: int, elapsed: float) -> str:
+    """``1.20 / 8.00 GB read, ETA 240 s, peak RSS 2.10 GiB``: the ETA extrapolates from the bytes read
+    against the bytes the plan reads (reading, and the compute after each read, scale with a layer's size)."""
+    eta = f"{elapsed * (total - bytes_read) / bytes_read:.0f} s" if bytes_read else "?"
+    return f"{_size(bytes_read)} / {_size(total)} read, ETA {eta}, peak RSS {peak_rss() / 2**30:.2f} GiB"
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
 def gib(n: float) -> str:
     """Bytes as a short human figure (GiB above 1 GiB, else MiB)."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"

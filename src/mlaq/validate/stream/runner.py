@@ -22,7 +22,6 @@ from torch import Tensor
 
 from mlaq.bmm import get_scheme
 from mlaq.bmm.tp import shard_heads
-from mlaq.engine.tokenizer import Tokenizer
 from mlaq.libc import return_freed_memory
 from mlaq.model.layers.mla_core import AbsorbedWeights
 from mlaq.model.layers.rope import RopeTable
@@ -31,16 +30,17 @@ from mlaq.model.loading.kv_b import apply_decision
 from mlaq.model.loading.layer_source import LayerSource, StreamedLayer
 from mlaq.policy import decide_from_dir
 from mlaq.validate.config import NOISE_FLOOR, REFERENCE, ValidateConfig, Variant, VariantKind
+from mlaq.validate.inputs import local_inputs
 from mlaq.validate.metrics import Buckets
-from mlaq.validate.stream.budget import Plan, current_rss, peak_rss, plan
+from mlaq.validate.progress import NullProgress, Progress
+from mlaq.validate.stream.budget import Plan, StreamConfig, current_rss, peak_rss, plan, reads
 from mlaq.validate.stream.mtp import mtp_stage
-from mlaq.validate.stream.progress import LayerProgress, NullLayerProgress
 from mlaq.validate.stream.sizes import shape_and_sizes
 from mlaq.validate.stream.stages import embedded, head_stage, mlp_stage
 from mlaq.validate.stream.streams import Stream, attention_stage
 from mlaq.validate.stream.tasks import TaskStreams, task_shape
-from mlaq.validate.tasks.run import Drawn, draw_suite
-from mlaq.validate.text import EvalData, load_eval_text
+from mlaq.validate.tasks.run import Drawn
+from mlaq.validate.text import EvalData
 
 
 @dataclass(frozen=True)
@@ -83,16 +83,15 @@ class StreamMeasurement:
 
 def measure_stream(
     config: ValidateConfig,
-    budget: int,
+    stream: StreamConfig,
     *,
     reference: Variant = REFERENCE,
     noise_floor: Variant | None = NOISE_FLOOR,
-    progress: LayerProgress | None = None,
-    max_chunk: int | None = None,
+    progress: Progress | None = None,
 ) -> StreamMeasurement:
-    """Measure every candidate (and the noise floor) against ``reference`` within ``budget`` bytes.
-    ``max_chunk`` caps the attention / head chunk the plan picks (tests: force the chunked path)."""
-    progress = progress or NullLayerProgress()
+    """Measure every candidate (and the noise floor) against ``reference`` within the memory budget;
+    each progress step names the bytes read, an ETA from them, and the peak RSS."""
+    progress = progress or NullProgress()
     t0 = time.perf_counter()
     return_freed_memory()
     source = LayerSource(config.model, load_mtp=None)
@@ -101,26 +100,8 @@ def measure_stream(
     if config.as_configured:  # a bad --quantization-config fails now, before any layer is read
         policy = decide_from_dir(config.model, config.settings, config.policy_config(), log=False)
     context = config.resolve_context(cfg.max_position_embeddings)
-    tokenizer = Tokenizer.from_dir(config.model)
-    data = load_eval_text(
-        config.eval_text,
-        tokenizer,
-        context_len=context,
-        windows=config.windows,
-        prompts=config.prompts,
-        prompt_len=min(config.prompt_len, context - 1),
-        seed=config.seed,
-    )
-    drawn = None
-    if config.tasks is not None:  # drawn now: a bad length or haystack fails before any layer is read
-        drawn = draw_suite(
-            config.tasks,
-            cfg.max_position_embeddings,
-            str(config.model),
-            data,
-            lambda text: tokenizer.encode(text, add_special_tokens=False),
-        )
-    buckets = Buckets(context, min(config.buckets, context))
+    inputs = local_inputs(config, context, cfg.max_position_embeddings)
+    data, buckets, drawn = inputs.data, inputs.buckets, inputs.drawn
     variants = [reference, *([noise_floor] if noise_floor else []), *config.variants(reference)]
     dtypes = list(dict.fromkeys(v.dtype for v in variants))
     windows = data.windows()
@@ -128,7 +109,9 @@ def measure_stream(
     shape, sizes = shape_and_sizes(
         source, variants, len(windows), context, task_shape(drawn, task_variants, config.precision)
     )
-    the_plan = plan(shape, budget, current_rss(), sizes.layer, sizes.expert, sizes.head, max_chunk)
+    the_plan = plan(
+        shape, stream.memory_budget, current_rss(), sizes.layer, sizes.expert, sizes.head, stream.max_chunk
+    )
     ids = torch.cat(windows)  # (W, T)
     streams = _embed(source, variants, windows, ids, buckets)
     ref, others = streams[0], streams[1:]
@@ -154,16 +137,21 @@ def measure_stream(
     if policy is not None:
         out.decisions = [d.to_json() for d in policy.layers]
     n_main = cfg.num_hidden_layers
-    progress.begin(source.num_layers + 1, sizes.total_read)
+    progress.begin(n_main * (3 + (tasks is not None)) + 1 + source.num_mtp_layers)
+    begun = time.perf_counter()
+
+    def announce(what: str) -> None:
+        progress.step(f"{what} ({reads(source.bytes_read, sizes.total_read, time.perf_counter() - begun)})")
+
     ok = False
     try:
         for i in range(n_main):
             start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
-            progress.update(i, read0, f"layer {i}: reading")
+            announce(f"layer {i}: reading")
             layer = source.layer(i, dtypes)
             t_weights = time.perf_counter()
             prepare = _preparer(layer, policy, config)
-            progress.update(i, source.bytes_read, f"layer {i}: attention")
+            announce(f"layer {i}: attention")
             attention_stage(
                 i,
                 False,
@@ -177,12 +165,12 @@ def measure_stream(
                 flip_rows=config.flip_rows,
             )
             if tasks is not None:
-                progress.update(i, source.bytes_read, f"layer {i}: task samples")
+                announce(f"layer {i}: task samples")
                 t_tasks = time.perf_counter()
                 tasks.attention(layer.modules, prepare, the_plan.chunk)
                 task_seconds += time.perf_counter() - t_tasks
             t_attn = time.perf_counter()
-            progress.update(i, source.bytes_read, f"layer {i}: MLP")
+            announce(f"layer {i}: MLP")
             clock = [0.0]
             extra = [] if tasks is None else tasks.hidden(prefixes=i < n_main - 1)
             experts = mlp_stage(source, i, layer.modules, streams, clock, extra)
@@ -202,7 +190,7 @@ def measure_stream(
                     clock[0],
                 ),
             )
-        progress.update(n_main, source.bytes_read, "final norm and head: KL, top-1, ΔNLL")
+        announce("final norm and head: KL, top-1, ΔNLL")
         start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
         final = head_stage(source, streams, ids, dtypes, the_plan.head_chunk, tasks)
         _stat(
@@ -221,7 +209,7 @@ def measure_stream(
             if context <= shift:
                 break
             start, read0, io0 = time.perf_counter(), source.bytes_read, source.reader.seconds_reading
-            progress.update(i + 1, read0, f"MTP layer {i}")
+            announce(f"MTP layer {i}")
             final, experts = mtp_stage(
                 source,
                 i,
@@ -247,7 +235,6 @@ def measure_stream(
             )
         ok = True
     finally:
-        progress.update(source.num_layers + 1, source.bytes_read, "done" if ok else "stopped")
         progress.end(ok)
     out.bytes_read = source.bytes_read
     out.peak_rss = peak_rss()
