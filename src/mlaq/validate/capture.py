@@ -33,7 +33,9 @@ class LayerInput:
     positions: Tensor  # (1, T') int64
     key_mask: Tensor | None  # (1, T', K) bool: the DSA selection the layer used, None without indexer
     ref_out: Tensor  # (T', H) float32 attention output under the reference
-    bmm_inputs: tuple[Tensor, Tensor]  # (N, T', P), (N, T', L) float32: what the reference's BMMs got
+    # (N, T', P), (N, T', L) float32: what the reference's BMMs got; None once the per-op figures,
+    # their only reader, are done (they are 160 MiB per layer at 16,384 tokens)
+    bmm_inputs: tuple[Tensor, Tensor] | None
 
 
 @dataclass(frozen=True)
@@ -142,17 +144,21 @@ class ProjectedInput:
     q_nope: Tensor  # (1, T', N, P) compute dtype
     q_pe: Tensor  # (1, T', N, R), rotated
     keys: Tensor  # (1, K, L+R) latent keys by position
-    mask: Tensor  # (1, T', K) bool: causal, and the captured DSA selection
+    valid: Tensor  # (1, K) bool: which key positions hold an entry
+
+    def mask(self, inp: LayerInput) -> Tensor:
+        """(1, T', K) bool: causal, and the captured DSA selection. Built when the replay runs and
+        dropped after it: T' x K bytes (256 MiB at 16,384 tokens) per layer and model if it were kept."""
+        return attention_mask(inp.positions, self.valid, inp.key_mask)
 
 
 @torch.no_grad()
 def project_input(model: DeepseekForCausalLM, inp: LayerInput) -> ProjectedInput:
-    """What ``MLAttention.forward`` computes before ``attend``, for layer ``inp.layer`` of ``model``."""
+    """What ``MLAttention.forward`` computes before ``attend`` (but the mask), for layer ``inp.layer``."""
     attn = model.model.layers[inp.layer].self_attn
     proj = attn.project(inp.hidden.to(attn.dtype), inp.positions)
     keys, valid = assemble_keys(None, None, proj.latent, inp.positions)  # (1, K, L+R), (1, K)
-    mask = attention_mask(inp.positions, valid, inp.key_mask)  # (1, T', K)
-    return ProjectedInput(inp.layer, proj.q_nope, proj.q_pe, keys, mask)
+    return ProjectedInput(inp.layer, proj.q_nope, proj.q_pe, keys, valid)
 
 
 @torch.no_grad()
@@ -168,5 +174,5 @@ def attention_output(
         raise ValueError(
             f"projected input of layer {p.layer} ({p.q_nope.dtype}) replayed on layer {inp.layer}"
         )
-    out = attn.attend(p.q_nope, p.q_pe, p.keys, p.mask, AttnPath.ABSORBED)  # (1, T', H)
+    out = attn.attend(p.q_nope, p.q_pe, p.keys, p.mask(inp), AttnPath.ABSORBED)  # (1, T', H)
     return out[0].float()
