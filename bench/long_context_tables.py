@@ -148,14 +148,19 @@ def main(argv: list[str] | None = None) -> int:
         f"context {cfg['context_len']}, {cfg['windows']} window(s), {cfg['prompts']} prompts of "
         f"{cfg['prompt_len']} tokens, {cfg['max_tokens']} generated each\n"
     )
-    for title, table in (
-        ("KL(bf16 || variant) by context position, nats: mean [95 %]", kl_table),
-        ("Attention top-key flip rate by competing keys", flip_table),
-        ("Free generation after the long prompts", generation_table),
+    for title, table, present in (
+        ("KL(bf16 || variant) by context position, nats: mean [95 %]", kl_table, "buckets" in report),
+        ("Attention top-key flip rate by competing keys", flip_table, _has_flips(report)),
+        ("Free generation after the long prompts", generation_table, "generation" in report["reference"]),
     ):
-        print(f"**{title}**\n")
-        print("\n".join(table(report)) + "\n")
+        if present:
+            print(f"**{title}**\n")
+            print("\n".join(table(report)) + "\n")
     return 0
+
+
+def _has_flips(report: dict) -> bool:
+    return any("flip_rate" in v for v in report["schemes"].values())
 
 
 def parse_path(path: Path) -> Path:
