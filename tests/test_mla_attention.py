@@ -221,6 +221,23 @@ def test_quantized_schemes_decode_only_vs_consistent(name):
         assert rel(absorbed, naive_c) < err / 5, (rel(absorbed, naive_c), err)
 
 
+@pytest.mark.parametrize("name", ["fp8_per_tensor", "mxfp4"])
+def test_absorbed_precision_prefills_through_the_schemes_bmms(name):
+    """ABSORBED: prefill (path NAIVE) is the absorbed path bit for bit, activation rounding included, so
+    it differs from CONSISTENT's prefill (same weights, unrounded activations) for a W8A8 / W4A4 scheme."""
+    layer = make_layer(GLM5, seed=9, scheme=None).to(torch.bfloat16)
+    hidden, pos = torch.randn(2, 7, 64).bfloat16(), arange_pos(2, 7)
+    layer.prepare(name, Precision.CONSISTENT)
+    consistent = layer(hidden, pos, path=NAIVE)[0]
+    absorbed = layer(hidden, pos, path=ABSORBED)[0]
+    layer.prepare(name, Precision.ABSORBED)
+    prefill = layer(hidden, pos, path=NAIVE)[0]
+    assert torch.equal(prefill, absorbed)
+    assert torch.equal(layer(hidden, pos, path=ABSORBED)[0], absorbed)  # decode as in every mode
+    assert rel(prefill.float(), consistent.float()) > 1e-3
+    assert "absorbed" in repr(layer)
+
+
 def test_checkpoint_fp8_block_weights_via_set_absorbed():
     """The models helper's path: a DeepSeek block-FP8 kv_b_proj (GLM-5 geometry: 128-row blocks straddle
     the P=192 / V=256 boundary) wrapped without re-quantization; naive at checkpoint precision."""

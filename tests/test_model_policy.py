@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mlaq.model import ModelCache, Precision, load_model
+from mlaq.model.layers.mla import AttnPath
 from mlaq.settings import Settings
 from model_helpers import add_mtp_layer, edit_config, hf_checkpoint
 from quant_helpers import quantize_checkpoint
@@ -82,3 +83,16 @@ def test_consistent_precision_uses_the_scheme_in_prefill(bf16_ckpt):
     consistent = load_model(bf16_ckpt, settings=settings, precision=Precision.CONSISTENT).prefill(ids).logits
     assert torch.equal(decode_only, plain)  # vLLM: prefill keeps the checkpoint's kv_b_proj
     assert not torch.equal(consistent, plain)  # CONSISTENT: prefill sees the MXFP4 weights too
+
+
+def test_absorbed_precision_prefills_as_decode_does(bf16_ckpt):
+    """ABSORBED: the whole model's prefill is its absorbed-path (decode) forward over the same tokens,
+    bit for bit, scheme BMMs included; CONSISTENT's prefill is not."""
+    settings = Settings(fp8bmm=False, fp4bmm=True)
+    ids = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(1))
+    absorbed = load_model(bf16_ckpt, settings=settings, precision=Precision.ABSORBED)
+    decode_path = absorbed(ids, path=AttnPath.ABSORBED).logits
+    assert torch.equal(absorbed.prefill(ids).logits, decode_path)
+    consistent = load_model(bf16_ckpt, settings=settings, precision=Precision.CONSISTENT)
+    assert not torch.equal(consistent.prefill(ids).logits, decode_path)
+

@@ -28,6 +28,12 @@ def test_environment_json():
     assert cfg.explicit is not None and cfg.explicit.targets[0].scheme == "fp8_per_tensor"
 
 
+def test_precision_absorbed():
+    cfg = read_config({"mlaq": EMULATE | {"precision": "absorbed"}}, None)
+    assert cfg is not None and cfg.precision is Precision.ABSORBED
+    assert "precision absorbed" in cfg.describe()
+
+
 @pytest.mark.parametrize(
     ("obj", "words"),
     [
@@ -36,6 +42,7 @@ def test_environment_json():
         ({"mode": "policy", "taregts": {}}, ["unknown key 'taregts'", "targets"]),
         ({"mode": "emulate"}, ["mode emulate needs targets"]),
         ({"mode": "policy", "precision": "consistent"}, ["mlaq.precision", "only mode emulate"]),
+        ({"mode": "policy", "precision": "absorbed"}, ["mlaq.precision: absorbed", "only mode emulate"]),
         (
             {"mode": "emulate", "precision": "full", "targets": {"re:.*kv_b_proj": "mxfp4"}},
             ["mlaq.precision: 'full'"],

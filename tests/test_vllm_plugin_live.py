@@ -13,7 +13,8 @@ environment or the plugin's entry point in it is missing.
   changes no token id and no log-probability, compiled and eager;
 - emulation: bench/vllm_plugin_capture.py: every absorbed BMM input vLLM + plugin (mxfp4,
   fp8_per_tensor) ran, replayed through mlaq's engine's prepared weights, gives vLLM's output bit for
-  bit (and the prepared weights are bit-identical).
+  bit (and the prepared weights are bit-identical); with ``precision: absorbed``, every prefill the
+  plugin computed, replayed through mlaq's ``--precision absorbed`` prefill, too.
 """
 
 from __future__ import annotations
@@ -196,8 +197,10 @@ def test_disabled_plugin_changes_no_bit(disabled, mode):
 @pytest.fixture(scope="module")
 def captured(vllm_python, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("capture") / "capture.json"
+    # precision absorbed: the decode BMMs and the plugin's absorbed prefill in the same run
     return _bench(vllm_python, "vllm_plugin_capture.py", out, "--schemes", "mxfp4", "fp8_per_tensor",
-                  "--prompts", "2", "--prompt-len", "16", "--new-tokens", "4")  # fmt: skip
+                  "--prompts", "2", "--prompt-len", "16", "--new-tokens", "4",
+                  "--precision", "absorbed")  # fmt: skip
 
 
 @pytest.mark.parametrize("scheme", ["mxfp4", "fp8_per_tensor"])
@@ -207,3 +210,14 @@ def test_emulation_is_mlaqs_scheme_on_vllms_inputs(captured, scheme):
     assert r["weights"] == 2 * 4, r  # W_UK_T and W_UV of the bundled model's 4 layers (no MTP step)
     assert r["weights_bit_identical"], r
     assert r["outputs_bit_identical"] == r["calls"] > 0, r
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "fp8_per_tensor"])
+def test_absorbed_prefill_is_mlaqs_on_vllms_inputs(captured, scheme):
+    # every prefill request vLLM ran through the plugin (precision absorbed), replayed through mlaq's
+    # --precision absorbed prefill with the engine's own weights and softmax scale
+    r = captured[scheme]
+    assert r["prefill_calls"] == 4, r  # one prefill step (both prompts) x the bundled model's 4 layers
+    assert r["prefill_requests"] == 2 * 4, r
+    assert r["prefill_scale_equal"], r
+    assert r["prefill_bit_identical"] == r["prefill_requests"], r

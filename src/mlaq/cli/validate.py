@@ -52,9 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--precision",
-        choices=["decode_only", "consistent"],
+        choices=["decode_only", "consistent", "absorbed"],
         default="decode_only",
-        help="kv_b weights of prefill: checkpoint's (decode_only, as vLLM) or the scheme's (consistent)",
+        help="prefill: kv_b_proj as loaded (decode_only, as vLLM), the scheme's dequantized weights "
+        "(consistent), or the scheme's two BMMs as in decode (absorbed)",
     )
     add_tp_argument(parser)
     add_quantization_argument(parser)

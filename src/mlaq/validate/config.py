@@ -80,7 +80,7 @@ class ValidateConfig:
     settings: Settings = field(default_factory=Settings)  # only for as_configured
     quantization_config: str | None = None  # only for as_configured (JSON text or @file)
     quantization: str | None = None  # "online": the config's targets mean vLLM's (the kv_b_proj linear)
-    precision: Precision = Precision.DECODE_ONLY  # which kv_b weights prefill (naive MLA) uses
+    precision: Precision = Precision.DECODE_ONLY  # what prefill (naive MLA) computes with
     tensor_parallel_size: int = 1  # BMM scales computed per rank's shard of the heads (vLLM's TP)
     num_speculative_tokens: int = d.NUM_SPECULATIVE_TOKENS  # k; 0: plain greedy, no acceptance figures
     flip_rows: int = d.FLIP_ROWS  # query rows per window and layer for the attention flip rate; 0: none

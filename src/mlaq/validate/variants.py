@@ -98,7 +98,7 @@ def scheme_descriptions(model: DeepseekForCausalLM) -> dict[str, str]:
 
 
 def precision_of(name: str) -> Precision:
-    """``decode_only`` / ``consistent`` -> Precision, with a clear error."""
+    """``decode_only`` / ``consistent`` / ``absorbed`` -> Precision, with a clear error."""
     try:
         return Precision(name)
     except ValueError:

@@ -13,8 +13,10 @@ use, the environment variable ``MLAQ_VLLM_PLUGIN`` holding the same JSON object.
   --quantization-config`` does in vLLM): the kv_b_proj LINEAR is quantized to the vLLM shorthand, emulated
   by mlaq (its dequantized weight, :mod:`mlaq.model.loading.online`), so prefill reads it and vLLM's own
   bf16 BMMs derive W_UK / W_UV from it; emulate mode only.
-- ``precision``: ``decode_only`` (default, as vLLM: prefill decompresses with kv_b_proj as loaded) or
-  ``consistent`` (prefill decompresses with the scheme's dequantized weights too; emulate mode only).
+- ``precision``: ``decode_only`` (default, as vLLM: prefill decompresses with kv_b_proj as loaded),
+  ``consistent`` (prefill decompresses with the scheme's dequantized weights) or ``absorbed`` (prefill
+  runs the absorbed path with the scheme's two BMMs, activation rounding included, exactly as decode
+  does: mlaq's ``--precision absorbed``); the last two in emulate mode only.
 
 Every key is checked; a wrong one is one error naming it, at start-up.
 """
@@ -44,6 +46,7 @@ class Mode(str, Enum):
 class Precision(str, Enum):
     DECODE_ONLY = "decode_only"
     CONSISTENT = "consistent"
+    ABSORBED = "absorbed"
 
     def __str__(self) -> str:
         return self.value
@@ -98,9 +101,9 @@ def parse_config(obj: Any, where: str) -> PluginConfig:
         )
     if "quantization" in obj and (explicit is None or mode is not Mode.EMULATE):
         raise ValueError(f"{where}.quantization: online applies targets, in mode emulate only")
-    if mode is Mode.POLICY and precision is Precision.CONSISTENT:
+    if mode is Mode.POLICY and precision is not Precision.DECODE_ONLY:
         raise ValueError(
-            f"{where}.precision: consistent changes prefill's weights, which only mode emulate does; "
+            f"{where}.precision: {precision} changes prefill's arithmetic, which only mode emulate does; "
             "in mode policy vLLM's own kernels run (drop the key)"
         )
     return PluginConfig(mode, explicit, precision, where)

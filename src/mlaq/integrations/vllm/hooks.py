@@ -20,6 +20,7 @@ from mlaq.integrations.vllm.compat import AMX_REFUSAL, check_version, platform_o
 from mlaq.integrations.vllm.config import Mode, PluginConfig, Precision, read_config
 from mlaq.integrations.vllm.emulate import consistent_kv_b, emulated
 from mlaq.integrations.vllm.plan import Kernels, LayerAction, Plan, checkpoint_files, make_plan
+from mlaq.integrations.vllm.prefill import absorbed_prefill, check_no_prior_context
 from mlaq.settings import VllmPluginEnv
 
 LOGGER = logging.getLogger("vllm.mlaq_plugin")  # under vLLM's logger: its format, in its log
@@ -102,6 +103,8 @@ def _configure(layer: Any, plans: _Plans) -> None:
         _apply_online(layer, action.online)
     elif action.emulate is not None:
         _apply_emulation(layer, action.emulate, config.precision)
+        if config.precision is Precision.ABSORBED:
+            _apply_absorbed_prefill(layer, vllm_config)
     layer.mlaq = action
 
 
@@ -147,6 +150,17 @@ def _apply_emulation(layer: Any, scheme_name: str, precision: Precision) -> None
             kv_b.data.copy_(consistent_kv_b(w_uk, w_uv, kv_b.dtype))
 
     layer.process_weights_after_loading = process_weights_after_loading
+
+
+def _apply_absorbed_prefill(layer: Any, vllm_config: Any) -> None:
+    """Prefill's attention (``impl.forward_mha``) computed in absorbed form with the emulated BMMs."""
+    check_no_prior_context(layer.layer_name, vllm_config)
+    if layer.kv_cache_dtype != "auto":
+        raise RuntimeError(
+            f"mlaq plugin: {layer.layer_name}: precision absorbed attends over the new tokens' latent entries "
+            f"in the model's dtype; this vLLM stores its cache as {layer.kv_cache_dtype}: run --kv-cache-dtype auto"
+        )
+    layer.impl.forward_mha = functools.partial(absorbed_prefill, layer)
 
 
 def _apply_online(layer: Any, online: str) -> None:

@@ -246,7 +246,8 @@ class MLAttention(nn.Module):
         masks themselves. Keys are in the compute dtype; the absorbed path also takes them as float32
         holding values of the compute dtype (the engine's resident buffer, ``mlaq.engine.resident``).
         ``causal``: the caller knows ``mask`` is exactly the square causal mask (T = K, query i sees
-        keys 0..i), so the naive path need not compare it with one."""
+        keys 0..i), so the naive path need not compare it with one. Under ``Precision.ABSORBED`` the
+        naive path is the absorbed one (prefill with the scheme's BMMs)."""
         c = self.config
         b, t = q_nope.shape[:2]
         if keys.dim() != 3 or keys.shape[0] != b or keys.shape[2] != c.latent_dim:
@@ -259,6 +260,9 @@ class MLAttention(nn.Module):
                 f"mask must be bool (B, T, K) = {(b, t, keys.shape[1])}, got {mask.dtype} {tuple(mask.shape)}"
             )
         scale = self.softmax_scale
+        ab = self._absorbed
+        if path is AttnPath.NAIVE and ab is not None and ab.precision is Precision.ABSORBED:
+            path = AttnPath.ABSORBED  # prefill runs the scheme's two BMMs, as decode does
         if path is AttnPath.NAIVE:
             kv_b, kernel = self.naive_kv_b(), self.prefill_kernel
             o = naive_attention(q_nope, q_pe, keys, mask, kv_b, scale, causal=causal, kernel=kernel)

@@ -33,10 +33,13 @@ if TYPE_CHECKING:
 
 
 class Precision(Enum):
-    """Which kv_b weights the naive (prefill) path uses once the absorbed BMMs are prepared."""
+    """What prefill (the naive path) computes once the absorbed BMMs are prepared."""
 
     DECODE_ONLY = "decode_only"  # naive: kv_b_proj at checkpoint precision (vLLM); absorbed: the scheme
     CONSISTENT = "consistent"  # naive: the scheme's dequantized W_UK / W_UV too (one precision for both)
+    # prefill runs the absorbed path itself, the scheme's two BMMs with their activation rounding, exactly
+    # as decode does: every token's log-probabilities carry the whole scheme (like-for-like teacher forcing)
+    ABSORBED = "absorbed"
 
 
 @dataclass(frozen=True)

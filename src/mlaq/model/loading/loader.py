@@ -61,7 +61,7 @@ def load_model(
 
     dtype: compute dtype (default: the checkpoint's). settings: MLAQ_FP8BMM / MLAQ_FP4BMM (default: read
     from the environment). quantization_config: ``--quantization-config`` JSON text or parsed object.
-    precision: which kv_b weights prefill uses (DECODE_ONLY: the checkpoint's, as vLLM; CONSISTENT: the
+    precision: what prefill computes with (DECODE_ONLY: the checkpoint's kv_b, as vLLM; CONSISTENT: the
     scheme's). load_mtp: None loads the MTP layers if the checkpoint stores them, True requires them.
     tensor_parallel_size: the BMM weights are re-quantized per rank's shard of the heads, as vLLM's
     ``--tensor-parallel-size`` runs them (:mod:`mlaq.bmm.tp`); the outputs are the ranks' concatenated.
