@@ -9,6 +9,11 @@ and this checkout's mlaq first on its path:
 
 0. local ``mlaq validate`` (3. below) starts at once, in the background;
 1. the reference: vLLM without any general plugin (``VLLM_PLUGINS=''``), the bundled mlaq-tiny-4k, bf16;
+   with ``--reference absorbed``, vLLM + plugin ``{"mode": "emulate", "targets": {"re:.*kv_b_proj":
+   "bf16"}, "precision": "absorbed"}`` instead: bf16 BMMs, prefill in absorbed form, the arithmetic of
+   local ``validate``'s own bf16 reference (teacher forcing through the absorbed path). Against vLLM as
+   released the candidate's teacher-forced KL also holds the bf16 difference between vLLM's naive
+   prefill and the absorbed one, amplified by the scheme;
 2. per scheme S, one after the other (two vLLM servers alive at most): the candidate, the same vLLM +
    ``--additional-config '{"mlaq": {"mode": "emulate", "targets": {"re:.*kv_b_proj": S}, "precision":
    P}}'``, and ``mlaq validate --server CANDIDATE --reference REFERENCE --logprobs -1`` (the whole
@@ -143,7 +148,7 @@ def _fmt(v: float) -> str:
 
 def table(rows: list[tuple[str, str, dict, dict]]) -> list[str]:
     lines = [
-        "| scheme | figure | server A/B (vLLM + plugin vs vLLM) [95 % interval] (n) | local mlaq validate [95 % interval] (n) | agree |",
+        "| scheme | figure | server A/B (vLLM + plugin vs the reference server) [95 % interval] (n) | local mlaq validate [95 % interval] (n) | agree |",
         "|---|---|---|---|---|",
     ]
     for scheme, local_name, server, local in rows:
@@ -178,6 +183,13 @@ def main() -> int:
     p.add_argument("--task-samples", default="16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=["absorbed", "consistent"], default="absorbed")
+    p.add_argument(
+        "--reference",
+        choices=["vllm", "absorbed"],
+        default="vllm",
+        help="the reference server: vLLM as released (prefill decompresses kv_b_proj), or vLLM + plugin "
+        "with bf16 BMMs and precision absorbed (the arithmetic of local validate's bf16 reference)",
+    )
     p.add_argument("--max-model-len", type=int, default=640)
     p.add_argument("--start-timeout", type=float, default=2400)
     p.add_argument("--step-timeout", type=float, default=2400)
@@ -195,7 +207,10 @@ def main() -> int:
     local_args = ["--schemes", *local_schemes, "--precision", args.precision, "--num-speculative-tokens", "0"]
     local_job = start_validate(out, "local", [*local_args, "--threads", "1"], args)
     try:
-        ref = vllm_server(args, out, "vllm", None)
+        ref_plugin = None  # vLLM as released
+        if args.reference == "absorbed":  # bf16 BMMs, prefill in absorbed form: local's reference arithmetic
+            ref_plugin = {"mode": "emulate", "targets": {TARGETS: "bf16"}, "precision": "absorbed"}
+        ref = vllm_server(args, out, "vllm", ref_plugin)
         servers.append(ref)
         ref.wait(args.start_timeout)
         for s in args.schemes:  # one candidate at a time: two vLLM servers alive at most

@@ -9,7 +9,7 @@ layer's cache), each variant's tail attends over that cache plus its own entries
 go through the layer's MLP with the windows (each routed expert read once); after the last main layer
 the tails meet the head and are scored. Variants share a prefix exactly when the engine shares its
 prefill: under ``decode_only`` the naive path does not use the scheme (one prefix per loaded model),
-under ``consistent`` it does (one per scheme).
+under ``consistent`` and ``absorbed`` it does (one per scheme).
 """
 
 from __future__ import annotations
