@@ -95,4 +95,3 @@ def test_absorbed_precision_prefills_as_decode_does(bf16_ckpt):
     assert torch.equal(absorbed.prefill(ids).logits, decode_path)
     consistent = load_model(bf16_ckpt, settings=settings, precision=Precision.CONSISTENT)
     assert not torch.equal(consistent.prefill(ids).logits, decode_path)
-
