@@ -29,7 +29,7 @@ from mlaq.validate.metrics import Buckets, BucketSums, PositionDivergence, diver
 from mlaq.validate.progress import Progress
 from mlaq.validate.record import GenerationRecord, OpRecord, TaskScoreRecord, VariantRecord
 from mlaq.validate.sources import common
-from mlaq.validate.theory import Exact, exact, op_errors, operand_stats
+from mlaq.validate.theory import exact, op_errors, operand_stats
 from mlaq.validate.variants import ModelPool, scheme_descriptions
 
 
@@ -88,7 +88,9 @@ def teacher_forced(
         sums.add("nll", torch.arange(nll.shape[0]), nll)
         if w == 0:  # per-op figures on the first window (the reference's weights are snapshotted)
             ref_abs = _absorbed(ref_model, layers)
-            operands = _per_op(pool, runs, reference, others, layers, ref_abs)
+            ref_run.seconds += time.perf_counter() - start
+            operands = _per_op(pool, runs, reference, others, layers, ref_abs)  # times each variant's part
+            start = time.perf_counter()
             ref_model = pool.model(reference)  # the per-op figures re-prepared the shared model
         # the BMM inputs are read by the per-op figures only: free them before the long part
         layers = tuple(dataclasses.replace(inp, bmm_inputs=None) for inp in layers)
@@ -137,23 +139,28 @@ def _per_op(
     ref_abs: dict[int, AbsorbedWeights],
 ) -> dict[int, dict[str, float]]:
     """The per-op errors of every variant's BMMs on the first window, against the exact products
-    computed once per layer (float64: 0.3 GiB per layer at 16,384 tokens, freed on return). Returns
-    the operand statistics per layer."""
+    computed once per layer and shared by every variant (float64: 0.3 GiB per layer at 16,384 tokens,
+    so one layer's at a time). Returns the operand statistics per layer."""
     ref_run = runs[reference]
-    exacts: dict[int, Exact] = {}
     operands: dict[int, dict[str, float]] = {}
+    for v in others:
+        runs[v].ops = []
     for inp in layers:
-        exacts[inp.layer] = e = exact(ref_abs[inp.layer], inp)
+        start = time.perf_counter()
+        e = exact(ref_abs[inp.layer], inp)
         operands[inp.layer] = operand_stats(ref_abs[inp.layer], inp, e)
         ref_run.ops.append(_op(op_errors(ref_abs[inp.layer], ref_abs[inp.layer], inp, e)))
+        ref_run.seconds += time.perf_counter() - start
+        for v in others:
+            start = time.perf_counter()
+            ab = pool.model(v).model.layers[inp.layer].self_attn.absorbed
+            assert ab is not None
+            runs[v].ops.append(_op(op_errors(ab, ref_abs[inp.layer], inp, e)))
+            runs[v].seconds += time.perf_counter() - start
+        del e
     ref_run.descriptions = scheme_descriptions(pool.model(reference))
     for v in others:
-        start = time.perf_counter()
-        model = pool.model(v)
-        abs_v = _absorbed(model, layers)
-        runs[v].ops = [_op(op_errors(abs_v[i.layer], ref_abs[i.layer], i, exacts[i.layer])) for i in layers]
-        runs[v].descriptions = scheme_descriptions(model)
-        runs[v].seconds += time.perf_counter() - start
+        runs[v].descriptions = scheme_descriptions(pool.model(v))
     return operands
 
 
