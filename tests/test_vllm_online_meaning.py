@@ -74,15 +74,19 @@ def test_loader_runs_the_dequantized_linear_everywhere():
 
 
 def test_engine_defaults_vllm_runs_it_too():
-    """Released vLLM 0.32 applies targets as its own online linear: --engine-defaults vllm-0.32 loads it
-    (on ROCm gfx942 with AITER, the FP8 BMM then re-quantizes the dequantized weight)."""
-    s = Settings(platform=Platform.ROCM_GFX942, engine=Engine.VLLM_032, vllm=VllmRocmEnv(aiter=True))
+    """Released vLLM 0.32 applies targets as its own online linear: --engine-defaults vllm-0.32 loads it on
+    CUDA (bf16 BMMs on the dequantized weight); on ROCm gfx942 vLLM's online FP8 is e4m3fnuz with max 224,
+    which mlaq does not emulate: refused, not approximated."""
+    s = Settings(platform=Platform.CUDA, engine=Engine.VLLM_032, vllm=VllmRocmEnv())
     model = load_model(bundled_model_dir(), settings=s, quantization_config=FP8)
     ref = load_model(bundled_model_dir())
     layer, base = model.model.layers[0].self_attn, ref.model.layers[0].self_attn
     want = online_dequantized(base.kv_b_proj.weight, "fp8_per_tensor", torch.bfloat16)
     assert torch.equal(layer.kv_b_proj.weight, want)
-    assert layer.absorbed.scheme_uk.name == "fp8_per_tensor_fnuz"
+    assert layer.absorbed.scheme_uk.name == "bf16" and layer.kv_b_online is not None
+    s = Settings(platform=Platform.ROCM_GFX942, engine=Engine.VLLM_032, vllm=VllmRocmEnv(aiter=True))
+    with pytest.raises(ValueError, match=r"--platform rocm-gfx942: ROCm gfx942 quantizes to e4m3fnuz"):
+        load_model(bundled_model_dir(), settings=s, quantization_config=FP8)
 
 
 def test_explain_names_each_entrys_meaning():
@@ -113,7 +117,9 @@ def test_online_takes_only_vllms_shorthands_and_needs_a_config(mlaq_cli):
     assert res.returncode != 0 and "--quantization online applies a --quantization-config" in res.stderr
 
 
-def test_loader_refuses_online_formats_it_does_not_emulate():
+def test_loader_refuses_platforms_whose_online_kernels_it_does_not_emulate():
     cfg = load_explicit('{"targets": {"re:.*kv_b_proj": "mxfp4"}}', scheme_names(), online=True)
-    with pytest.raises(ValueError, match=r"vLLM's online mxfp4 of the kv_b_proj linear is not emulated"):
-        load_model(bundled_model_dir(), quantization_config=cfg)
+    with pytest.raises(
+        ValueError, match=r"--platform cpu: vLLM-CPU 0.32 has no kernel for any online linear"
+    ):
+        load_model(bundled_model_dir(), settings=Settings(platform=Platform.CPU), quantization_config=cfg)

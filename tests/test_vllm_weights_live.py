@@ -8,7 +8,8 @@ AITER's re-quantizer give the rank's W_UK / W_UV and FP8 codes and scale, and ml
 ``--tensor-parallel-size N`` shards (and the plugin's emulated weights on those rank-local tensors) must
 equal them bit for bit. And vLLM's online fp8_per_tensor of the kv_b_proj linear (``--quantization
 online`` targets; tests/vllm_live/online_kv_b.py): vLLM's Fp8PerTensorOnlineLinearMethod and
-get_and_maybe_dequant_weights against mlaq's emulation, at sizes 1 and 2.
+get_and_maybe_dequant_weights against mlaq's emulation, at sizes 1 and 2; and the quantizers of every online
+linear scheme (tests/vllm_live/online_formats.py).
 """
 
 from __future__ import annotations
@@ -39,4 +40,11 @@ def test_per_rank_shards_and_scales_equal_vllms(vllm_python):  # noqa: F811
 
 def test_online_linear_equals_vllms(vllm_python):  # noqa: F811
     bad = _mismatches(vllm_python, "online_kv_b.py")
+    assert bad == [], "\n".join(bad[:20])
+
+
+def test_online_linear_quantizers_equal_vllms(vllm_python):  # noqa: F811
+    """Every linear scheme of vLLM 0.32's online quantization (its own quantizer functions, the MXFP4 Triton
+    kernel through Triton's interpreter) against mlaq.bmm.online_linear: tests/vllm_live/online_formats.py."""
+    bad = _mismatches(vllm_python, "online_formats.py")
     assert bad == [], "\n".join(bad[:20])

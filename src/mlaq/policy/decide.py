@@ -17,6 +17,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from mlaq.bmm import scheme_names
+from mlaq.bmm.online_linear import check_platform, check_scheme
 from mlaq.policy import platform, reasons
 from mlaq.policy.checkpoint import CheckpointQuant, native_scheme
 from mlaq.policy.detect import checkpoint_quant
@@ -84,6 +85,8 @@ def _decide_layer(
 
     if match.target is not None and match.online:
         t = match.target
+        check_scheme(t.written)
+        check_platform(None if settings.platform is None else str(settings.platform))
         reason = reasons.online_linear(t.pattern.text, t.written, storage)
         return LayerDecision(
             i,

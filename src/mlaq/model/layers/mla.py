@@ -18,6 +18,7 @@ Prepared BMM weights are plain attributes, not buffers: move the layer (``.to``)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -95,6 +96,9 @@ class MLAttention(nn.Module):
         self._absorbed: AbsorbedWeights | None = None  # plain attribute: not in state_dict
         # causal prefill (naive path) in mlaq's C kernel instead of torch's (``compile=True`` sets it)
         self.prefill_kernel: MlaKernel | None = None
+        # vLLM's meaning of targets (--quantization online): prefill's kv_b_proj is an online-quantized
+        # linear, activations quantized as the engine's kernel does (mlaq.model.loading.online)
+        self.kv_b_online: Callable[[Tensor], Tensor] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -265,7 +269,17 @@ class MLAttention(nn.Module):
             path = AttnPath.ABSORBED  # prefill runs the scheme's two BMMs, as decode does
         if path is AttnPath.NAIVE:
             kv_b, kernel = self.naive_kv_b(), self.prefill_kernel
-            o = naive_attention(q_nope, q_pe, keys, mask, kv_b, scale, causal=causal, kernel=kernel)
+            o = naive_attention(
+                q_nope,
+                q_pe,
+                keys,
+                mask,
+                kv_b,
+                scale,
+                causal=causal,
+                kernel=kernel,
+                decompress=self.kv_b_online,
+            )
         elif path is AttnPath.ABSORBED:
             o = absorbed_attention(q_nope, q_pe, keys, mask, self._checked_absorbed(), scale)
         else:

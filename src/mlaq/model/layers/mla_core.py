@@ -11,6 +11,7 @@ in float32 every rounding is the identity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -140,6 +141,7 @@ def naive_attention(
     *,
     causal: bool = False,
     kernel: MlaKernel | None = None,
+    decompress: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Decompress every key: K_nope = W_UK c_kv, V = W_UV c_kv; ordinary attention. -> (B, T, N, V).
 
@@ -153,12 +155,13 @@ def naive_attention(
     the unfused path, which gives them zeros. ``causal=True``: the caller knows ``mask`` is exactly
     the square causal mask (``is_causal``), and the check over its T x K entries is skipped.
     ``kernel``: causal attention runs in mlaq's C kernel instead (``mla_kernel``, ``compile=True``'s
-    choice; V unpadded, probabilities in float32).
+    choice; V unpadded, probabilities in float32). ``decompress``: c_kv (B, K, L) -> (B, K, N*(P+V)) in
+    place of ``c_kv @ kv_b^T`` (an online-quantized kv_b_proj linear, vLLM's meaning of targets).
     """
     b, _, n, p = q_nope.shape
     lora = kv_b.shape[1]
     c_kv, k_pe = keys.split([lora, keys.shape[-1] - lora], dim=-1)  # (B, K, L), (B, K, R)
-    kv = linear(c_kv, kv_b)  # (B, K, N*(P+V)), rounded to the compute dtype
+    kv = linear(c_kv, kv_b) if decompress is None else decompress(c_kv)  # (B, K, N*(P+V)), compute dtype
     kv = kv.view(b, keys.shape[1], n, -1)  # (B, K, N, P+V)
     k_nope, v = kv.split([p, kv.shape[-1] - p], dim=-1)  # (B, K, N, P), (B, K, N, V)
     if causal or mask is None or bool(mask.any(dim=-1).all()):

