@@ -68,3 +68,36 @@ def test_layer_weight_is_the_online_dequantized_one_before_vllm_splits_it(monkey
     layer.process_weights_after_loading(torch.bfloat16)
     assert len(seen) == 1 and torch.equal(seen[0], online_dequantized(w, "fp8_per_tensor", torch.bfloat16))
     assert not torch.equal(seen[0], w)
+
+
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "mxfp4", "mxfp8"])
+def test_prefill_gemm_is_the_online_linear(monkeypatch, scheme):
+    """vLLM's prefill GEMM (kv_b_proj.quant_method.apply) becomes the online linear: for fp8_per_tensor the
+    latent is quantized per token first, so it differs from the dequantized weight's plain product."""
+    from mlaq.bmm.online_linear import SCHEMES, OnlineLinear, quantize_weight
+
+    fake = types.ModuleType("vllm.distributed")
+    fake.get_tensor_model_parallel_world_size = lambda: 1
+    fake.get_tp_group = None
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.distributed", fake)
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(64, 64, generator=g) * 0.1).bfloat16()
+    method = SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.weight.t())
+    kv_b = SimpleNamespace(weight=torch.nn.Parameter(w.clone(), requires_grad=False), quant_method=method)
+    layer = SimpleNamespace(layer_name="model.layers.0.self_attn.attn", kv_b_proj=kv_b)
+    layer.process_weights_after_loading = lambda dtype: None
+    _apply_online(layer, scheme)
+    layer.process_weights_after_loading(torch.bfloat16)
+    x = (torch.randn(5, 64, generator=g)).bfloat16()
+    got = kv_b.quant_method.apply(kv_b, x)
+    want = OnlineLinear(quantize_weight(w, scheme), SCHEMES[scheme])(x)
+    assert torch.equal(got, want)
+    assert torch.equal(kv_b.weight, online_dequantized(w, scheme, torch.bfloat16))
+    if scheme == "fp8_per_tensor":  # the activation quantization is in it
+        assert not torch.equal(got, (x.double() @ kv_b.weight.double().t()).float().bfloat16())
+
+
+def test_unpinned_online_schemes_are_refused_at_start_up():
+    with pytest.raises(ValueError, match=r"fp8_per_block: vLLM 0.32 splits W_UK / W_UV"):
+        read_config({"mlaq": {**ONLINE, "targets": {"re:.*kv_b_proj": "fp8_per_block"}}}, None)

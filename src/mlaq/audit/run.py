@@ -31,7 +31,7 @@ from mlaq.model.loading.kv_b import check_stored, prepare_absorbed
 from mlaq.model.loading.range_reader import RangeReader
 from mlaq.model.loading.weights import WeightFormat, read_linear
 from mlaq.policy import PolicyResult, checkpoint_quant, decide, mla_model, parse_explicit, read_checkpoint_dir
-from mlaq.policy.explicit import load_explicit
+from mlaq.policy.explicit import load_explicit, policy_config
 from mlaq.progress import NullProgress, Progress
 from mlaq.settings import Settings
 
@@ -49,6 +49,7 @@ def audit(
     schemes: tuple[str, ...],
     settings: Settings,
     quantization_config: str | None = None,
+    quantization: str | None = None,
     *,
     progress: Progress | None = None,
     reader: RangeReader | None = None,
@@ -68,7 +69,9 @@ def audit(
     quant = checkpoint_quant(files)
     stored_names = check_readable(model, quant, layers)
     wquant = loader_quant(quant, files.config)
-    explicit = None if quantization_config is None else load_explicit(quantization_config, scheme_names())
+    explicit = policy_config(quantization_config, quantization)  # vLLM's meaning under "online"
+    if isinstance(explicit, str):
+        explicit = load_explicit(explicit, scheme_names())
     policy = decide(model, quant, settings, explicit)
     per_scheme = {s: _as_scheme(model, quant, settings, s) for s in schemes}
     progress = progress or NullProgress()

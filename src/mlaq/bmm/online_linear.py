@@ -104,6 +104,28 @@ def check_platform(platform: str | None) -> None:
     )
 
 
+_WEIGHT = {
+    "fp8_per_tensor": "e4m3 weight, one fp32 scale (amax / 448)",
+    "fp8_per_block": "e4m3 weight, fp32 scales per 128x128 block",
+    "fp8_per_channel": "e4m3 weight, fp32 scales per output row",
+    "mxfp4": "E2M1 weight, E8M0 scales per 32 along the latent (EVEN rule)",
+    "mxfp8": "E4M3 weight, E8M0 scales per 32 along the latent (ceil rule)",
+}
+
+
+def prefill_activation(scheme: str) -> str:
+    """What the sm90 kernel does to prefill's c_kv for an online ``scheme`` kv_b_proj."""
+    act = SCHEMES[scheme]
+    return "bf16 activations (weight-only kernel)" if act is Act.NONE else f"c_kv quantized {act.value}"
+
+
+def describe(scheme: str) -> str:
+    """What vLLM 0.32 computes for an online ``scheme`` kv_b_proj, in explain's words."""
+    prefill = prefill_activation(scheme)
+    tail = "" if scheme in EMULATED else "; not emulated (decode weight read through an unpinned FP8 GEMM)"
+    return f"{_WEIGHT[scheme]}; prefill: {prefill} on sm90; decode: W_UK / W_UV split from its dequantized weight{tail}"
+
+
 def _scalar_div(x: Tensor, reciprocal_scalar: bool) -> Tensor:
     """vLLM's ``x / 448.0`` on fp32 x: CUDA multiplies by fp32(1/448), CPU divides."""
     if reciprocal_scalar:

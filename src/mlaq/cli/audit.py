@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from mlaq.cli.explain import add_quantization_argument
+
 DEFAULT_SCHEMES = "fp8_per_tensor,mxfp4"  # what MLAQ_FP8BMM / MLAQ_FP4BMM (vLLM's AITER flags) select
 
 
@@ -29,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON|@FILE",
         help="the config whose per-layer decision the report shows (as `mlaq explain`); default: flags only",
     )
+    add_quantization_argument(parser)
     parser.add_argument(
         "--out", metavar="DIR", help="write report.md, report.json and error_by_layer.png into DIR"
     )
@@ -85,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
             "--suggest-config and --max-error go together: e.g. --suggest-config mxfp4 --max-error 0.12"
         )
     max_error = parse_error(args.max_error) if suggest else 0.0
+    if suggest and args.quantization is not None:
+        raise ValueError(
+            "--suggest-config writes targets that choose the absorbed BMMs (mlaq's meaning); drop --quantization "
+            "online, or measure a vLLM online config with --quantization online --quantization-config JSON"
+        )
     if suggest and args.suggest_config and args.suggest_config not in schemes:
         schemes = (*schemes, args.suggest_config)  # measure what we are asked to suggest
     settings = Settings.from_env()
@@ -98,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         schemes,
         settings,
         args.quantization_config,
+        args.quantization,
         progress=make_progress("audit", not args.no_progress and not args.json),
         workers=workers,
     )

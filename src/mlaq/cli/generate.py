@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mlaq.cli.explain import add_quantization_argument
+
 
 def _token_ids(text: str) -> list[int]:
     """``"1,2,3"``, ``"1 2 3"`` or ``"[1, 2, 3]"`` -> [1, 2, 3] (argparse turns a ValueError into one line)."""
@@ -54,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON|@FILE",
         help='explicit per-layer BMM schemes: \'{"targets": {PATTERN: SCHEME}, "ignore": [PATTERN]}\'',
     )
+    add_quantization_argument(parser)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated (one prompt)")
@@ -82,13 +85,16 @@ def run(args: argparse.Namespace) -> int:
     from mlaq.engine.llm import LLM
     from mlaq.engine.sampling_params import SamplingParams
     from mlaq.libc import keep_freed_memory
+    from mlaq.policy.explicit import policy_config
 
+    policy_config(args.quantization_config, args.quantization)  # a bad combination: one line, nothing loaded
     keep_freed_memory()  # batched decode makes and frees tens-of-MB tensors every step (mlaq.libc)
     warn_drafts_unusable("generate", _spec_k(args.speculative_config), "--max-tokens", args.max_tokens)
     llm = LLM(
         model_or_default(args.model),
         dtype=args.dtype,  # vLLM's names; LLM resolves them
         quantization_config=args.quantization_config,
+        quantization=args.quantization,
         compile=args.compile,
         compilation_config=args.compilation_config,
         max_model_len=args.max_model_len,

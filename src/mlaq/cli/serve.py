@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from mlaq.cli.explain import add_quantization_argument
 from mlaq.cli.generate import add_compile_arguments
 
 
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' on /v1 routes (default: $VLLM_API_KEY, which keeps the "
         "key out of the process list; the flag wins)",
     )
+    add_quantization_argument(parser)
     add_compile_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seeds requests that bring no seed of their own")
     parser.add_argument(
@@ -114,10 +116,14 @@ def run(args: argparse.Namespace) -> int:
 
     from mlaq.bundled import model_or_default
     from mlaq.libc import keep_freed_memory
+    from mlaq.policy.explicit import policy_config
     from mlaq.serve.server import EngineArgs, bind, build_state, run_server, warn_if_exposed
     from mlaq.settings import serve_api_key
 
     check_flags(args)
+    policy_config(
+        args.quantization_config, args.quantization
+    )  # a bad combination fails before the port opens
     api_key = serve_api_key(args.api_key)
     level = getattr(logging, args.uvicorn_log_level.upper())
     logging.basicConfig(level=level, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
@@ -141,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         speculative_config=args.speculative_config,
         quantization_config=args.quantization_config,
+        quantization=args.quantization,
         compile=args.compile,
         compilation_config=args.compilation_config,
         seed=args.seed,

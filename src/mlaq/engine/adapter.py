@@ -18,6 +18,7 @@ from mlaq.engine.model_api import CacheGeometry, LatentLM, LMOutput
 from mlaq.engine.tokenizer import Tokenizer
 from mlaq.model import AttnPath, DeepseekForCausalLM, load_model
 from mlaq.model.layers.step import StepPositions
+from mlaq.policy import ExplicitConfig
 
 
 class DeepseekLatentLM:
@@ -139,7 +140,7 @@ class LoadedModel:
 
 
 def load_latent_lm(
-    path: Path, *, dtype: torch.dtype | None = None, quantization_config: str | None = None
+    path: Path, *, dtype: torch.dtype | None = None, quantization_config: str | ExplicitConfig | None = None
 ) -> LoadedModel:
     """Load a checkpoint directory: the model (policy applied), tokenizer.json if present, EOS ids."""
     model = load_model(path, dtype=dtype, quantization_config=quantization_config)

@@ -44,6 +44,7 @@ class LLM:
         tokenizer: Tokenizer | None = None,
         dtype: str | torch.dtype | None = None,
         quantization_config: str | None = None,
+        quantization: str | None = None,
         max_model_len: int | None = None,
         max_num_seqs: int = 16,
         max_num_batched_tokens: int | None = None,
@@ -60,8 +61,10 @@ class LLM:
         dtype = resolve_dtype(dtype)  # a torch dtype or vLLM's names ("bfloat16", "auto", ...)
         if isinstance(model, (str, Path)):
             from mlaq.engine.adapter import load_latent_lm  # the model layer, only when loading
+            from mlaq.policy.explicit import policy_config  # vLLM's meaning under quantization="online"
 
-            loaded = load_latent_lm(Path(model), dtype=dtype, quantization_config=quantization_config)
+            qc = policy_config(quantization_config, quantization)
+            loaded = load_latent_lm(Path(model), dtype=dtype, quantization_config=qc)
             model, limit = loaded.model, loaded.max_position_embeddings
             tokenizer = tokenizer or loaded.tokenizer
             eos_token_ids = eos_token_ids if eos_token_ids is not None else loaded.eos_token_ids

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from mlaq.bmm.online_linear import check_scheme
 from mlaq.policy.model_config import MlaModel, layer_ranges
 from mlaq.policy.patterns import Pattern, parse_patterns
 from mlaq.policy.vllm_online import VLLM_SHORTHANDS, check_keys, check_vllm_value, read_config_text
@@ -139,6 +140,8 @@ def parse_explicit(
                 "--quantization online targets quantize the kv_b_proj linear as vLLM does. mlaq's scheme names "
                 "choose the absorbed BMMs: drop --quantization online"
             )
+        if online:
+            check_scheme(v)  # the schemes mlaq runs end to end under vLLM's meaning
     targets = tuple(
         Target(
             Pattern.parse(k, f"{where} targets key"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mlaq.bmm.online_linear import prefill_activation
 from mlaq.policy.checkpoint import KvBStorage
 from mlaq.policy.stored import UNQUANTIZED, fnuz_variant
 from mlaq.settings import Settings
@@ -138,6 +139,7 @@ def online_linear(pattern: str, online: str, storage: KvBStorage) -> str:
     """``--quantization online`` targets: vLLM's meaning, the kv_b_proj linear quantized online."""
     return (
         f"--quantization online: targets {pattern!r} quantize the kv_b_proj linear to {online} as vLLM 0.32 "
-        f"does (its {storage.stored.detail} weight; prefill runs it); the absorbed BMMs run bf16 on its "
+        f"does (its {storage.stored.detail} weight; prefill runs it, {prefill_activation(online)} as on sm90); "
+        "the absorbed BMMs run bf16 on its "
         "dequantized weight (split_kv_b_proj -> get_and_maybe_dequant_weights)."
     )

@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from mlaq.bmm import get_scheme, online_linear
 from mlaq.policy import platform, vllm_online
 from mlaq.policy.result import LayerDecision, PolicyResult, Rule
 from mlaq.settings import Engine
@@ -68,17 +69,33 @@ def quantizing_line(result: PolicyResult) -> str | None:
     return vllm_online.quantizing_line(entries)
 
 
+def scheme_summary(name: str, width: int = 200) -> str:
+    """The scheme's arithmetic, one sentence, cut at a clause boundary near ``width`` characters."""
+    text = get_scheme(name).description
+    if len(text) <= width:
+        return text
+    return text[: text.rfind(", ", 0, width)] + ", ..."
+
+
 def entry_meanings(result: PolicyResult) -> list[str]:
     """One line per targets entry: what it quantizes. Under ``--engine-defaults vllm-0.32`` every entry has
     vLLM's meaning (released vLLM applies it); otherwise ``--quantization online`` decides."""
     cfg = result.explicit
     if cfg is None:
         return []
-    if result.settings.engine is Engine.VLLM_032:
+    released = result.settings.engine is Engine.VLLM_032
+    if released:
         meaning = "kv_b_proj linear (vLLM's meaning: prefill and decode, as released vLLM 0.32 runs it)"
     else:
         meaning = cfg.meaning()
-    return [f"  targets {t.pattern.text!r} = {json.dumps(t.written)}: {meaning}" for t in cfg.targets]
+    lines = []
+    for t in cfg.targets:
+        lines.append(f"  targets {t.pattern.text!r} = {json.dumps(t.written)}: {meaning}")
+        if (released or cfg.online) and isinstance(t.written, str) and t.written in online_linear.SCHEMES:
+            lines.append(f"    {t.written}: {online_linear.describe(t.written)}")
+        elif not released and not cfg.online:
+            lines.append(f"    {t.scheme}: {scheme_summary(t.scheme)}")
+    return lines
 
 
 def format_explain(result: PolicyResult, model_path: str, weights: str | None = None) -> str:

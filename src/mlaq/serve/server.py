@@ -34,6 +34,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     speculative_config: str | Mapping[str, Any] | None = None
     quantization_config: str | None = None
+    quantization: str | None = None  # "online": targets mean vLLM's (the kv_b_proj linear)
     compile: bool = False
     compilation_config: str | Mapping[str, Any] | None = None
     seed: int = 0
@@ -50,6 +51,7 @@ def build_state(engine_args: EngineArgs, **serve: Any):
         engine_args.model,
         dtype=engine_args.dtype,  # vLLM's names; LLM resolves them
         quantization_config=engine_args.quantization_config,
+        quantization=engine_args.quantization,
         max_model_len=engine_args.max_model_len,
         max_num_seqs=engine_args.max_num_seqs,
         max_num_batched_tokens=engine_args.max_num_batched_tokens,

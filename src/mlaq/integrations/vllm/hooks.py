@@ -164,29 +164,7 @@ def _apply_absorbed_prefill(layer: Any, vllm_config: Any) -> None:
 
 
 def _apply_online(layer: Any, online: str) -> None:
-    """vLLM's meaning of targets: kv_b_proj's linear quantized online (mlaq's emulation of vLLM 0.32's
-    Fp8PerTensorOnlineLinearMethod). Its dequantized weight replaces kv_b_proj's before vLLM's own
-    ``process_weights_after_loading`` splits W_UK / W_UV from it: prefill and vLLM's BMMs read it. Under
-    tensor parallelism the amax is the MAX over the ranks, as vLLM's all-reduce makes it."""
-    vllm_process = layer.process_weights_after_loading
+    """vLLM's meaning of targets: kv_b_proj's linear quantized online (:mod:`mlaq.integrations.vllm.online`)."""
+    from mlaq.integrations.vllm.online import apply_online
 
-    def process_weights_after_loading(act_dtype: torch.dtype) -> None:
-        from vllm.distributed import get_tensor_model_parallel_world_size, get_tp_group
-
-        from mlaq.model.loading.online import online_dequantized
-
-        kv_b = layer.kv_b_proj.weight
-        if kv_b.dtype not in (torch.bfloat16, torch.float16):
-            raise RuntimeError(
-                f"mlaq plugin: {layer.layer_name}: quantization online quantizes an unquantized kv_b_proj; "
-                f"this one is stored {kv_b.dtype}"
-            )
-        amax = kv_b.detach().abs().amax().reshape(1)
-        if get_tensor_model_parallel_world_size() > 1:  # amax_for_tp_weight_quant
-            torch.distributed.all_reduce(
-                amax, op=torch.distributed.ReduceOp.MAX, group=get_tp_group().device_group
-            )
-        kv_b.data.copy_(online_dequantized(kv_b.data, online, kv_b.dtype, amax))
-        vllm_process(act_dtype)
-
-    layer.process_weights_after_loading = process_weights_after_loading
+    apply_online(layer, online)
