@@ -91,6 +91,11 @@ def _bundled():
             ("validate", "--quantization", "online", "--quantization-config", _cfg("fp8_per_block"), "--as-configured"),
             "--quantization online fp8_per_block: vLLM 0.32 splits W_UK / W_UV",
         ),
+        (
+            ("validate", "--quantization", "online", "--quantization-config", _cfg("mxfp4"), "--as-configured",
+             "--precision", "absorbed"),
+            "--precision absorbed: under --quantization online prefill runs vLLM's online kv_b_proj linear",
+        ),
     ],
 )  # fmt: skip
 def test_bad_combinations_are_one_line(mlaq_cli, args, text):

@@ -42,6 +42,8 @@ def test_config_and_plan_give_vllms_meaning():
         ({"quantization": "offline"}, "expected 'online'"),
         ({"targets": {"re:.*kv_b_proj": "mxfp4_w4a16"}}, "is not a vLLM online shorthand"),
         ({"mode": "policy"}, "in mode emulate only"),
+        ({"precision": "consistent"}, "with quantization online prefill runs vLLM's online kv_b_proj linear"),
+        ({"precision": "absorbed"}, "with quantization online prefill runs vLLM's online kv_b_proj linear"),
     ],
 )
 def test_bad_online_settings_name_the_key(change, message):

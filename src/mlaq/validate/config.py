@@ -93,6 +93,12 @@ class ValidateConfig:
             raise ValueError(f"no evaluation text for {self.model}: pass --eval-text PATH")
         if self.quantization is not None and self.quantization_config is None:
             raise ValueError("--quantization online applies a --quantization-config (as in vLLM); add one")
+        if self.quantization is not None and self.precision is not Precision.DECODE_ONLY:
+            raise ValueError(
+                f"--precision {self.precision.value}: "
+                "under --quantization online prefill runs vLLM's online kv_b_proj linear (vLLM's meaning); --precision "
+                "chooses prefill's weights under mlaq's meaning (the absorbed BMMs): drop one of them"
+            )
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
         if self.flip_rows < 0:

@@ -101,6 +101,11 @@ def parse_config(obj: Any, where: str) -> PluginConfig:
         )
     if "quantization" in obj and (explicit is None or mode is not Mode.EMULATE):
         raise ValueError(f"{where}.quantization: online applies targets, in mode emulate only")
+    if explicit is not None and explicit.online and precision is not Precision.DECODE_ONLY:
+        raise ValueError(
+            f"{where}.precision: {precision} chooses prefill's weights under mlaq's meaning (the absorbed BMMs); "
+            "with quantization online prefill runs vLLM's online kv_b_proj linear: drop one of the two keys"
+        )
     if mode is Mode.POLICY and precision is not Precision.DECODE_ONLY:
         raise ValueError(
             f"{where}.precision: {precision} changes prefill's arithmetic, which only mode emulate does; "

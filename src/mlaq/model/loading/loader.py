@@ -95,6 +95,12 @@ def load_model(
         online = policy.for_layer(layer).online
         if online is not None:  # vLLM's meaning of targets: the kv_b_proj linear quantized online
             check_platform(None if settings.platform is None else str(settings.platform))
+            if precision is not Precision.DECODE_ONLY:
+                raise ValueError(
+                    f"--precision {precision.value}: "
+                    "under --quantization online prefill runs vLLM's online kv_b_proj linear (vLLM's meaning); --precision "
+                    "chooses prefill's weights under mlaq's meaning (the absorbed BMMs): drop one of them"
+                )
             attn = model.model.layers[layer].self_attn
             kv_b[layer] = _online_kv_b(attn, stored, online, dtype, tensor_parallel_size)
     for layer, stored in sorted(kv_b.items()):
