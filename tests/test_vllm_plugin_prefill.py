@@ -98,17 +98,19 @@ def test_prior_context_and_fused_output_are_refused():
 
 
 @pytest.mark.parametrize(
-    ("prefix", "chunked", "words"),
+    ("prefix", "chunked", "spec", "words"),
     [
-        (True, False, "prefix caching on"),
-        (False, True, "chunked prefill on"),
-        (True, True, "prefix caching and"),
+        (True, False, None, "prefix caching on"),
+        (False, True, None, "chunked prefill on"),
+        (True, True, None, "prefix caching and chunked prefill on"),
+        (False, False, object(), "speculative decoding on"),
     ],
 )
-def test_start_up_refuses_settings_with_prior_context(prefix, chunked, words):
+def test_start_up_refuses_settings_with_prior_context(prefix, chunked, spec, words):
     config = SimpleNamespace(
         cache_config=SimpleNamespace(enable_prefix_caching=prefix),
         scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked),
+        speculative_config=spec,
     )
     with pytest.raises(RuntimeError, match=words) as e:
         check_no_prior_context("model.layers.3.self_attn.attn", config)
@@ -122,6 +124,7 @@ def test_hook_replaces_forward_mha_where_allowed():
     off = SimpleNamespace(
         cache_config=SimpleNamespace(enable_prefix_caching=False),
         scheduler_config=SimpleNamespace(enable_chunked_prefill=False),
+        speculative_config=None,
     )
     layer = _vllm_layer(_mlaq_layer("mxfp4", Precision.ABSORBED), "mxfp4")
     _apply_absorbed_prefill(layer, off)

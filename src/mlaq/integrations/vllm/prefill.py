@@ -11,8 +11,10 @@ torch on the activations' device.
 
 A prefill with prior context (chunked prefill, prefix-cache hits) would attend over latent entries of
 earlier steps as well; the plugin does not read vLLM's paged cache for them: it refuses such a
-configuration at start-up (:func:`check_no_prior_context`) and, should one reach it anyway, the step
-(:func:`absorbed_prefill`). vLLM-CPU turns both off for MLA models by itself.
+configuration at start-up (:func:`check_no_prior_context`: prefix caching, chunked prefill,
+speculative decoding, whose draft verification is a multi-token step after the cache) and, should one
+reach it anyway, the step (:func:`absorbed_prefill`). vLLM-CPU turns the first two off for MLA models
+by itself.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from mlaq.model.layers.mla_core import AbsorbedWeights, Precision, absorbed_atte
 def context_refusal(layer_name: str, why: str) -> str:
     return (
         f"mlaq plugin: {layer_name}: precision absorbed computes prefill over the request's new tokens only, "
-        f"and {why}. Run vLLM with --no-enable-prefix-caching --no-enable-chunked-prefill, or use precision "
-        "consistent"
+        f"and {why}. Run vLLM with --no-enable-prefix-caching --no-enable-chunked-prefill and without "
+        "--speculative-config, or use precision consistent"
     )
 
 
@@ -42,6 +44,9 @@ def check_no_prior_context(layer_name: str, vllm_config: Any) -> None:
         for flag, value in (
             ("prefix caching", getattr(cache, "enable_prefix_caching", False)),
             ("chunked prefill", getattr(scheduler, "enable_chunked_prefill", False)),
+            # draft tokens are verified as a multi-token step after the cache, a prefill on backends
+            # whose decode takes one query token (vLLM-CPU's MLA backend among them)
+            ("speculative decoding", getattr(vllm_config, "speculative_config", None) is not None),
         )
         if value
     ]
