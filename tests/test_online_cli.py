@@ -93,6 +93,11 @@ def _bundled():
         ),
         (
             ("validate", "--quantization", "online", "--quantization-config", _cfg("mxfp4"), "--as-configured",
+             "--stream"),
+            "--stream: vLLM's meaning of targets (--quantization online",
+        ),
+        (
+            ("validate", "--quantization", "online", "--quantization-config", _cfg("mxfp4"), "--as-configured",
              "--precision", "absorbed"),
             "--precision absorbed: under --quantization online prefill runs vLLM's online kv_b_proj linear",
         ),

@@ -99,6 +99,12 @@ def measure_stream(
     policy = None
     if config.as_configured:  # a bad --quantization-config fails now, before any layer is read
         policy = decide_from_dir(config.model, config.settings, config.policy_config(), log=False)
+        if any(d.online is not None for d in policy.layers):
+            raise ValueError(
+                "--stream: vLLM's meaning of targets (--quantization online, or --engine-defaults vllm-0.32 with "
+                "targets) quantizes the kv_b_proj linear, which the streamed layers share between variants and do "
+                "not run online; validate it without --stream"
+            )
     context = config.resolve_context(cfg.max_position_embeddings)
     inputs = local_inputs(config, context, cfg.max_position_embeddings)
     data, buckets, drawn = inputs.data, inputs.buckets, inputs.drawn
