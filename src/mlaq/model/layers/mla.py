@@ -27,7 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from mlaq.bmm.base import BmmScheme, PreparedWeight
-from mlaq.bmm.kv_b import split_kv_b_proj
 from mlaq.bmm.registry import get_scheme
 from mlaq.model.layers.linear import Linear, linear
 from mlaq.model.layers.mla_config import MLAConfig
@@ -37,8 +36,10 @@ from mlaq.model.layers.mla_core import (
     absorbed_attention,
     assemble_keys,
     attention_mask,
+    check_cache,
     naive_attention,
 )
+from mlaq.model.layers.mla_weights import checked_absorbed, installed_absorbed, prepare_absorbed
 from mlaq.model.layers.norm import RMSNorm
 from mlaq.model.layers.rope import expand_cos_sin, rotate
 
@@ -117,12 +118,7 @@ class MLAttention(nn.Module):
         makes the absorbed path refuse to run until ``prepare`` is called again.
         """
         sch = get_scheme(scheme) if isinstance(scheme, str) else scheme
-        c = self.config
-        weight = self.kv_b_proj.weight.detach()
-        w_uk, w_uv_t = split_kv_b_proj(weight.float(), c.num_heads, c.qk_nope_head_dim, c.v_head_dim)
-        source = (weight.data_ptr(), weight._version)
-        prepared = sch.prepare(w_uk.contiguous()), sch.prepare(w_uv_t.contiguous())  # (N, P, L), (N, L, V)
-        self._absorbed = AbsorbedWeights(*prepared, sch, sch, precision, source)
+        self._absorbed = prepare_absorbed(self.config, self.kv_b_proj.weight.detach(), sch, precision)
 
     def set_absorbed(
         self,
@@ -136,34 +132,10 @@ class MLAttention(nn.Module):
         """Install already-prepared BMM weights (e.g. built from a checkpoint's FP8 codes and scales):
         ``w_uk`` of shape (N, P, L) for ``scheme``, ``w_uv`` = W_UV^T of shape (N, L, V) for ``scheme_uv``
         (default: ``scheme``). kv_b_proj.weight is then used only by the naive path under DECODE_ONLY."""
-        c = self.config
-        sch_uv = scheme if scheme_uv is None else scheme_uv
-        want = {
-            "w_uk": ((c.num_heads, c.qk_nope_head_dim, c.kv_lora_rank), w_uk, scheme),
-            "w_uv": ((c.num_heads, c.kv_lora_rank, c.v_head_dim), w_uv, sch_uv),
-        }
-        for name, (shape, w, sch) in want.items():
-            if tuple(w.shape) != shape:
-                raise ValueError(
-                    f"set_absorbed: {name} has shape {tuple(w.shape)}, expected (N, K, M) = {shape}"
-                )
-            if w.scheme != sch.name:
-                raise ValueError(
-                    f"set_absorbed: {name} was prepared by {w.scheme!r} but is given to {sch.name!r}"
-                )
-        self._absorbed = AbsorbedWeights(w_uk, w_uv, scheme, sch_uv, precision, None)
+        self._absorbed = installed_absorbed(self.config, w_uk, w_uv, scheme, scheme_uv, precision)
 
     def _checked_absorbed(self) -> AbsorbedWeights:
-        ab = self._absorbed
-        if ab is None:
-            raise ValueError(
-                "absorbed path: no W_UK/W_UV yet; "
-                "call prepare(scheme) or set_absorbed(...) after loading weights"
-            )
-        w = self.kv_b_proj.weight
-        if ab.source is not None and ab.source != (w.data_ptr(), w._version):
-            raise ValueError("kv_b_proj.weight changed after prepare(); call prepare() again")
-        return ab
+        return checked_absorbed(self._absorbed, self.kv_b_proj.weight)
 
     def naive_kv_b(self) -> Tensor:
         """The (N*(P+V), L) weight the naive path decompresses with, in the compute dtype."""
@@ -301,23 +273,7 @@ class MLAttention(nn.Module):
         Returns (output (B, T, H), new cache entries (B, T, L+R))."""
         proj = self.project(hidden, positions)
         b = hidden.shape[0]
-        if cache is not None:
-            if cache.dim() != 3 or cache.shape[0] != b or cache.shape[2] != self.config.latent_dim:
-                raise ValueError(
-                    f"cache must be (B={b}, S, L+R={self.config.latent_dim}), got {tuple(cache.shape)}"
-                )
-            if cache.dtype != self.dtype:
-                raise ValueError(f"latent cache is {cache.dtype} but the layer computes in {self.dtype}")
-            if cache_lens is not None and (
-                tuple(cache_lens.shape) != (b,)
-                or bool((cache_lens < 0).any() | (cache_lens > cache.shape[1]).any())
-            ):
-                raise ValueError(
-                    f"cache_lens must be (B={b},) with values in 0..S={cache.shape[1]}, "
-                    f"got {cache_lens.tolist()}"
-                )
-        elif cache_lens is not None:
-            raise ValueError("cache_lens given without a cache")
+        check_cache(cache, cache_lens, b, self.config.latent_dim, self.dtype)
         keys, valid = assemble_keys(cache, cache_lens, proj.latent, positions)
         mask = attention_mask(positions, valid, key_mask)
         return self.attend(proj.q_nope, proj.q_pe, keys, mask, path), proj.latent

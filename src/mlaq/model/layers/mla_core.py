@@ -131,6 +131,26 @@ def is_causal(mask: Tensor | None) -> bool:
     )
 
 
+def check_cache(
+    cache: Tensor | None, cache_lens: Tensor | None, b: int, latent_dim: int, dtype: torch.dtype
+) -> None:
+    """A latent cache (B, S, L+R) in the layer's dtype with lengths (B,) in 0..S, or a clear error."""
+    if cache is None:
+        if cache_lens is not None:
+            raise ValueError("cache_lens given without a cache")
+        return
+    if cache.dim() != 3 or cache.shape[0] != b or cache.shape[2] != latent_dim:
+        raise ValueError(f"cache must be (B={b}, S, L+R={latent_dim}), got {tuple(cache.shape)}")
+    if cache.dtype != dtype:
+        raise ValueError(f"latent cache is {cache.dtype} but the layer computes in {dtype}")
+    if cache_lens is not None and (
+        tuple(cache_lens.shape) != (b,) or bool((cache_lens < 0).any() | (cache_lens > cache.shape[1]).any())
+    ):
+        raise ValueError(
+            f"cache_lens must be (B={b},) with values in 0..S={cache.shape[1]}, got {cache_lens.tolist()}"
+        )
+
+
 def naive_attention(
     q_nope: Tensor,
     q_pe: Tensor,
