@@ -75,8 +75,8 @@ def _bundled():
             ("generate", "--quantization", "online", "--quantization-config", _cfg("mxfp4_w4a16"), "--prompt", "x"),
             "is not a vLLM online shorthand",
         ),
-        (("serve", "--port", "0", "--quantization", "online", "--quantization-config", _cfg("fp8_per_channel")),
-         "--quantization online fp8_per_channel: vLLM 0.32 splits W_UK / W_UV"),
+        (("serve", "--port", "0", "--quantization", "online", "--quantization-config", _cfg("fp8_per_block")),
+         "--quantization online fp8_per_block: vLLM 0.32 splits W_UK / W_UV"),
         (("serve", "--port", "0", "--quantization", "online"), "--quantization online applies a"),
         (
             ("audit", "--quantization", "online", "--quantization-config", _cfg("mxfp4"), "--suggest-config",

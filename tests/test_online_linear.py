@@ -159,6 +159,14 @@ def test_exact_linear_rounds_the_exact_sum_once(scheme):
     wd = q.dequantize().numpy()
     for t in range(3):
         for o in range(6):
+            if act is Act.FP8_PER_TOKEN:  # CUTLASS: fp32 accumulator, then s_a * (s_w * acc) in fp32
+                codes = sum(
+                    (Fraction(float(a)) * Fraction(float(b)) for a, b in zip(cx[t], q.codes[o], strict=True)),
+                    Fraction(0),
+                )
+                tmp = F32(F32(q.scales[o, 0].item()) * F32(float(codes)))
+                assert y[t, o].item() == float(F32(F32(sx[t, 0].item()) * tmp)), (t, o)
+                continue
             exact = sum(
                 (Fraction(float(a)) * Fraction(float(b)) for a, b in zip(xd[t], wd[o], strict=True)),
                 Fraction(0),
@@ -177,7 +185,7 @@ def test_tensor_parallel_shards():
     assert torch.equal(torch.cat([s.codes for s in shards]), quantize_weight(w, "mxfp4").codes)
 
 
-@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_per_channel", "mxfp4", "mxfp8"])
 def test_engine_runs_vllms_meaning(scheme):
     """kv_b_proj (decode's BMM source) is the decoded weight, prefill runs the online linear."""
     path = bundled_model_dir()
@@ -210,13 +218,32 @@ def test_prefill_activation_quantization_is_included():
     assert (on - off).abs().mean() < 0.1  # a rounding-sized change, not a different model
 
 
+def test_fp8_per_channel_decode_weight_is_cutlass_identity_read():
+    """vLLM reads fp8_per_channel's W_UK / W_UV as the FP8 GEMM of an identity: the 1.0 quantized per token
+    (code 448, scale fp32(1/448)), CUTLASS's epilogue bf16(fp32(s_a * fp32(s_w * acc))). Oracle in numpy
+    float32; it differs from bf16(code * s_w) on the weights at a bf16 tie (counted by near_boundary)."""
+    w = _weight(64, 512)
+    q = quantize_weight(w, "fp8_per_channel")
+    got = decode_weight(q, torch.bfloat16).float().numpy()
+    s_a = F32(1) / F32(448)
+    acc = (q.codes.numpy() * 448).astype(F32)
+    want = (s_a * (q.scales.numpy().astype(F32) * acc).astype(F32)).astype(F32)
+    assert np.array_equal(got, want.astype(ml_dtypes.bfloat16).astype(np.float32))
+    plain = load_model(bundled_model_dir())
+    kv = plain.model.layers[0].self_attn.kv_b_proj.weight
+    q = quantize_weight(kv, "fp8_per_channel")
+    naive = q.dequantize().float().bfloat16()
+    assert near_boundary(q) > 0 and not torch.equal(decode_weight(q, torch.bfloat16), naive)
+
+
 def test_unpinned_decode_weights_are_refused():
-    """fp8_per_block / fp8_per_channel: vLLM reads the decode weight through an FP8 GEMM on an identity, and
-    on the bundled model's kv_b_proj about 1-2 % of the weights sit on a bf16 rounding tie, where that
-    kernel's scale arithmetic decides: refused, not approximated. The MX schemes have no such element."""
+    """fp8_per_block: vLLM reads the decode weight through an FP8 GEMM on an identity whose kernel depends
+    on the deployment (DeepGEMM, CUTLASS or Triton), and about 1 % of the bundled model's kv_b_proj weights
+    sit on a bf16 rounding tie, where that kernel's scale arithmetic decides: refused, not approximated.
+    The MX schemes have no such element."""
     plain = load_model(bundled_model_dir())
     w = plain.model.layers[0].self_attn.kv_b_proj.weight
-    for scheme in ("fp8_per_block", "fp8_per_channel"):
+    for scheme in ("fp8_per_block",):
         assert near_boundary(quantize_weight(w, scheme)) > w.numel() // 200
         with pytest.raises(
             ValueError, match=rf"--quantization online {scheme}: vLLM 0.32 splits W_UK / W_UV"

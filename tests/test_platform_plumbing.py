@@ -48,9 +48,9 @@ def test_loader_runs_the_platform_decision(ckpt):
 def test_loader_refuses_vllm_online_targets_it_cannot_emulate(ckpt):
     s = Settings(platform=Platform.CUDA, engine=Engine.VLLM_032, vllm=VllmRocmEnv())
     with pytest.raises(
-        ValueError, match="--quantization online fp8_per_channel: vLLM 0.32 splits W_UK / W_UV"
+        ValueError, match=r"--quantization online fp8_per_block: vLLM 0.32 splits W_UK / W_UV"
     ):
-        load_model(ckpt, settings=s, quantization_config='{"targets": {"re:.*kv_b_proj": "fp8_per_channel"}}')
+        load_model(ckpt, settings=s, quantization_config='{"targets": {"re:.*kv_b_proj": "fp8_per_block"}}')
 
 
 def test_validate_reads_quantization_online(ckpt):

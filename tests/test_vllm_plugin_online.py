@@ -72,7 +72,7 @@ def test_layer_weight_is_the_online_dequantized_one_before_vllm_splits_it(monkey
     assert not torch.equal(seen[0], w)
 
 
-@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_per_channel", "mxfp4", "mxfp8"])
 def test_prefill_gemm_is_the_online_linear(monkeypatch, scheme):
     """vLLM's prefill GEMM (kv_b_proj.quant_method.apply) becomes the online linear: for fp8_per_tensor the
     latent is quantized per token first, so it differs from the dequantized weight's plain product."""
@@ -96,7 +96,7 @@ def test_prefill_gemm_is_the_online_linear(monkeypatch, scheme):
     want = OnlineLinear(quantize_weight(w, scheme), SCHEMES[scheme])(x)
     assert torch.equal(got, want)
     assert torch.equal(kv_b.weight, online_dequantized(w, scheme, torch.bfloat16))
-    if scheme == "fp8_per_tensor":  # the activation quantization is in it
+    if scheme.startswith("fp8"):  # the activation quantization is in it
         assert not torch.equal(got, (x.double() @ kv_b.weight.double().t()).float().bfloat16())
 
 

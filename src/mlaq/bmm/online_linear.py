@@ -67,12 +67,17 @@ SCHEMES: dict[str, Act] = {  # vLLM 0.32 online linear shorthands -> sm90 activa
 }
 
 
-EMULATED = ("fp8_per_tensor", "mxfp4", "mxfp8")  # decode's W_UK / W_UV pinned as well as prefill's linear
+EMULATED = (
+    "fp8_per_tensor",
+    "fp8_per_channel",
+    "mxfp4",
+    "mxfp8",
+)  # decode's W_UK / W_UV pinned as well as prefill's linear
 
 
 def check_scheme(scheme: str) -> None:
-    """The online schemes mlaq runs end to end; fp8_per_block / fp8_per_channel are refused (see
-    :func:`decode_weight`: their decode weight is read through an FP8 GEMM mlaq has not pinned)."""
+    """The online schemes mlaq runs end to end; fp8_per_block is refused (see :func:`decode_weight`: its
+    decode weight is read through an FP8 GEMM whose kernel mlaq has not pinned)."""
     if scheme in EMULATED:
         return
     if scheme in SCHEMES:
@@ -123,6 +128,8 @@ def describe(scheme: str) -> str:
     """What vLLM 0.32 computes for an online ``scheme`` kv_b_proj, in explain's words."""
     prefill = prefill_activation(scheme)
     tail = "" if scheme in EMULATED else "; not emulated (decode weight read through an unpinned FP8 GEMM)"
+    if scheme == "fp8_per_channel":
+        tail = " (CUTLASS's FP8 GEMM of an identity)"
     return f"{_WEIGHT[scheme]}; prefill: {prefill} on sm90; decode: W_UK / W_UV split from its dequantized weight{tail}"
 
 
@@ -205,7 +212,9 @@ def quantize_activation(x: Tensor, act: Act) -> tuple[Tensor, Tensor, int]:
 
 def exact_linear(x: Tensor, weight: QuantizedWeight, act: Act, out_dtype: torch.dtype) -> Tensor:
     """``x @ W^T`` [..., K] -> [..., O] as vLLM's online kernel computes it: activation quantized per ``act``,
-    per-group exact dot products of the codes, scaled, summed exactly, rounded once to fp32 then ``out_dtype``."""
+    per-group exact dot products of the codes, scaled, summed exactly, rounded once to fp32 then ``out_dtype``.
+    Per-token FP8 (CUTLASS ``cutlass_scaled_mm`` on sm90, one K group): the fp32 accumulator, then vLLM's c3x
+    ``ScaledEpilogue``: ``tmp = fp32(scale_b * acc)``, ``D = out_dtype(fp32(scale_a * tmp))``."""
     lead, k = x.shape[:-1], x.shape[-1]
     cx, sx, gx = quantize_activation(x.reshape(-1, k), act)
     group = min(gx, weight.group)  # both granularities divide it (1 group, 32, 128 along K)
@@ -218,6 +227,11 @@ def exact_linear(x: Tensor, weight: QuantizedWeight, act: Act, out_dtype: torch.
     for r in range(0, weight.codes.shape[0], _ROWS):
         cw = torch.nn.functional.pad(weight.codes[r : r + _ROWS], (0, pad)).view(-1, sxg.shape[1], group)
         parts = torch.einsum("tgk,ogk->tog", cxg, cw)  # exact: small-integer products, short sums
+        if act is Act.FP8_PER_TOKEN and parts.shape[-1] == 1:  # the epilogue's two fp32 products
+            acc = parts[..., 0].float()  # [T, O]
+            tmp = swg[r : r + _ROWS, 0].float()[None, :] * acc
+            out.append((sxg[:, :1].float() * tmp).double())
+            continue
         out.append(torch.einsum("tog,tg,og->to", parts, sxg, swg[r : r + _ROWS]))
     y = torch.cat(out, dim=1).float().to(out_dtype)  # [T, O]
     return y.reshape(*lead, -1)
@@ -229,11 +243,16 @@ def decode_weight(weight: QuantizedWeight, dtype: torch.dtype) -> Tensor:
 
     fp8_per_tensor: ``scaled_dequantize`` = fp32(code * scale) -> dtype. The others go through vLLM's generic
     branch, the layer applied to an identity matrix: for the MX schemes (weight-only on sm90) that is the
-    dequantized weight, exact in bf16; for fp8_per_block / fp8_per_channel the identity's 1.0 is itself
-    quantized (code 448, scale fp32(1/448)), so the kernel returns w * (448 * fp32(1/448)) = w (1 + d),
-    |d| < 2^-24: equal to bf16(w) except where w lies within 2^-24 of a bf16 rounding boundary, which mlaq
-    counts (:func:`near_boundary`) rather than guesses.
+    dequantized weight, exact in bf16; for fp8_per_channel the identity's 1.0 is itself quantized per token
+    (code 448, scale fp32(1/448)) and CUTLASS's epilogue gives bf16(fp32(fp32(1/448) * fp32(s * 448 code))),
+    which is not bf16(code * s) where code * s sits on a bf16 rounding tie (:func:`near_boundary` counts
+    those): emulated as that identity GEMM. fp8_per_block's kernel (DeepGEMM, CUTLASS or Triton, by
+    deployment) is not pinned: refused by :func:`check_scheme`.
     """
+    if weight.scheme == "fp8_per_channel":
+        k = weight.codes.shape[1]
+        eye = torch.eye(k, dtype=dtype, device=weight.codes.device)
+        return exact_linear(eye, weight, Act.FP8_PER_TOKEN, dtype).t().contiguous()  # [in, out] -> [out, in]
     return weight.dequantize().float().to(dtype)  # the epilogue's fp32 product, then the output dtype
 
 

@@ -4,8 +4,8 @@ online, emulated as mlaq's engine does it (:mod:`mlaq.model.loading.online`, :mo
 Before vLLM's own ``process_weights_after_loading`` splits W_UK / W_UV from kv_b_proj, its weight becomes the
 online scheme's dequantized weight (what vLLM's ``get_and_maybe_dequant_weights`` hands the split), so vLLM's
 BMMs read it; and the layer's prefill GEMM (``kv_b_proj.quant_method.apply``) becomes the online linear: the
-quantized weight with the sm90 kernel's activation quantization (per-token FP8 of c_kv for fp8_per_tensor;
-none for the weight-only MX kernels). Under tensor parallelism fp8_per_tensor's amax is the MAX over the
+quantized weight with the sm90 kernel's activation quantization (per-token FP8 of c_kv for fp8_per_tensor
+and fp8_per_channel; none for the weight-only MX kernels). Under tensor parallelism fp8_per_tensor's amax is the MAX over the
 ranks, as vLLM's ``amax_for_tp_weight_quant`` all-reduces it; the MX scales are local to a rank's rows.
 """
 

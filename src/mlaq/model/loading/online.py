@@ -5,8 +5,8 @@ makes kv_b_proj an online-quantized linear (vllm/model_executor/layers/quantizat
 decompresses the latent cache through that linear, its activations (c_kv) quantized by the kernel, and the
 MLA layer derives W_UK / W_UV from the layer's DEQUANTIZED weight (mla_attention.py ``split_kv_b_proj`` ->
 quant_utils.py ``get_and_maybe_dequant_weights``), so decode's absorbed BMMs read it too. The arithmetic of
-each scheme is in :mod:`mlaq.bmm.online_linear`; this module applies it to a layer (fp8_per_tensor, mxfp4,
-mxfp8; fp8_per_block / fp8_per_channel are refused: their decode weight is read through an unpinned GEMM):
+each scheme is in :mod:`mlaq.bmm.online_linear`; this module applies it to a layer (fp8_per_tensor,
+fp8_per_channel, mxfp4, mxfp8; fp8_per_block is refused: its decode weight is read through an unpinned GEMM):
 
 - :func:`online_kv_b`: the prefill linear (weight quantized, activations quantized as the sm90 kernel does)
   and the [out, in] weight the BMMs are split from, in the activation dtype.
