@@ -153,7 +153,7 @@ def test_samples_per_task() -> None:
     assert parse_samples("20") == (20, ())
     samples, per = parse_samples("needle=64,copy=8")
     cfg = TaskConfig(samples=samples, per_task=per)
-    assert [cfg.samples_of(t) for t in ("needle", "multikey", "copy", "vartrack")] == [64, 32, 8, 4]
+    assert [cfg.samples_of(t) for t in ("needle", "multikey", "copy", "vartrack")] == [64, 30, 8, 2]
     drawn = build_samples(
         TaskConfig(tasks=("needle", "copy"), lengths=(1500,), per_task=(("copy", 2),), samples=3), HAY, encode
     )

@@ -16,4 +16,4 @@ MAX_TOKENS = 64
 NUM_SPECULATIVE_TOKENS = 3
 NGRAM = 4
 FLIP_ROWS = 256  # query rows per window and layer for the attention flip rate
-TASK_SAMPLES = "needle=32,multikey=32,copy=4,vartrack=4"  # per task at the full context (tasks/spec.py)
+TASK_SAMPLES = "needle=30,multikey=30,copy=2,vartrack=2"  # per task at the full context (tasks/spec.py)
