@@ -144,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("report", type=Path, help="report.json of the long-window mlaq validate run")
     report = json.loads(parse_path(parser.parse_args(argv).report).read_text())
     cfg = report["config"]
+    windows = f"{cfg['windows']} teacher-forced window(s), " if "buckets" in report else ""
     print(
-        f"context {cfg['context_len']}, {cfg['windows']} window(s), {cfg['prompts']} prompts of "
-        f"{cfg['prompt_len']} tokens, {cfg['max_tokens']} generated each\n"
+        f"context {cfg['context_len']}, {windows}{cfg['prompts']} prompts of {cfg['prompt_len']} tokens, "
+        f"{cfg['max_tokens']} generated each\n"
     )
     for title, table, present in (
         ("KL(bf16 || variant) by context position, nats: mean [95 %]", kl_table, "buckets" in report),
