@@ -29,6 +29,20 @@ from mlaq.model.layers.mla_core import AbsorbedWeights
 from mlaq.validate.capture import LayerInput
 from mlaq.validate.metrics import relative_error
 
+# Query rows per layer the per-op figures read: evenly spaced over the window (every k-th token), so the
+# float64 products and each scheme's emulated BMMs cost the same whatever the window's length. The
+# figures are ratios of sums over rows: the sample estimates the window's (the fp8 per-tensor scheme's
+# activation scale is then the sample's amax, as a decode batch's is its own tokens').
+PER_OP_ROWS = 512
+
+
+def op_inputs(inp: LayerInput) -> tuple[Tensor, Tensor]:
+    """The recorded BMM inputs (N, T', P), (N, T', L) at the rows the per-op figures read."""
+    assert inp.bmm_inputs is not None, "the BMM inputs were freed before the per-op figures"
+    x_uk, x_uv = inp.bmm_inputs
+    step = -(-x_uk.shape[1] // PER_OP_ROWS)  # ceil: at most PER_OP_ROWS rows
+    return (x_uk, x_uv) if step == 1 else (x_uk[:, ::step], x_uv[:, ::step])
+
 
 @dataclass(frozen=True)
 class OpError:
@@ -62,7 +76,7 @@ class Exact:
 def exact(ref: AbsorbedWeights, inp: LayerInput) -> Exact:
     """The exact products of layer ``inp.layer``'s two BMMs under the reference weights ``ref``."""
     w_uk, w_uv = ref.w_uk.dequantize(torch.float64), ref.w_uv.dequantize(torch.float64)
-    x_uk, x_uv = inp.bmm_inputs  # (N, T, P), (N, T, L)
+    x_uk, x_uv = op_inputs(inp)  # (N, T, P), (N, T, L)
     y_uk, y_uv = torch.bmm(x_uk.double(), w_uk), torch.bmm(x_uv.double(), w_uv)
     return Exact(w_uk, w_uv, y_uk, y_uv, _norm(y_uk), _norm(y_uv))
 
@@ -90,7 +104,7 @@ def op_errors(
     """Errors of the BMM weights ``ab``; exact = ``ref``'s weights (float64) times the recorded inputs
     (``products``: those already computed by ``exact(ref, inp)``, shared across schemes)."""
     e = exact(ref, inp) if products is None else products
-    x_uk, x_uv = inp.bmm_inputs  # (N, T, P), (N, T, L)
+    x_uk, x_uv = op_inputs(inp)  # (N, T, P), (N, T, L)
     return OpError(
         inp.layer,
         relative_error(ab.w_uk.dequantize(torch.float64), e.w_uk),
@@ -116,7 +130,7 @@ def operand_stats(ref: AbsorbedWeights, inp: LayerInput, products: Exact | None 
     """Excess kurtosis of one layer's reference weights and BMM activations, and the alignment gain of
     each BMM: what makes the measured per-op errors depart from the Gaussian theory."""
     e = exact(ref, inp) if products is None else products
-    x_uk, x_uv = inp.bmm_inputs
+    x_uk, x_uv = op_inputs(inp)
     return {
         "kurtosis_w_uk": excess_kurtosis(e.w_uk),
         "kurtosis_w_uv": excess_kurtosis(e.w_uv),
