@@ -19,6 +19,7 @@ from mlaq.bmm.registry import scheme_names
 from mlaq.bundled import EVAL_TEXT_NAME
 from mlaq.bundled import bundled_model_dir as bundled_model_dir  # re-exported (older callers import it here)
 from mlaq.model import Precision
+from mlaq.model.loading.online import check_online_precision
 from mlaq.settings import Settings
 from mlaq.validate import defaults as d
 from mlaq.validate.defaults import DEFAULT_SCHEMES
@@ -93,12 +94,8 @@ class ValidateConfig:
             raise ValueError(f"no evaluation text for {self.model}: pass --eval-text PATH")
         if self.quantization is not None and self.quantization_config is None:
             raise ValueError("--quantization online applies a --quantization-config (as in vLLM); add one")
-        if self.quantization is not None and self.precision is not Precision.DECODE_ONLY:
-            raise ValueError(
-                f"--precision {self.precision.value}: "
-                "under --quantization online prefill runs vLLM's online kv_b_proj linear (vLLM's meaning); --precision "
-                "chooses prefill's weights under mlaq's meaning (the absorbed BMMs): drop one of them"
-            )
+        if self.quantization is not None:  # before loading: the loader checks it again per model
+            check_online_precision(self.precision)
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
         if self.flip_rows < 0:

@@ -23,7 +23,7 @@ from mlaq.model.layers.mla_core import Precision
 from mlaq.model.layers.moe import MoE
 from mlaq.model.loading.checkpoint import SafetensorsCheckpoint, check_finite
 from mlaq.model.loading.kv_b import apply_decision
-from mlaq.model.loading.online import check_platform, online_kv_b
+from mlaq.model.loading.online import check_online_precision, check_platform, online_kv_b
 from mlaq.model.loading.weights import (
     CheckpointQuant,
     CheckpointWeight,
@@ -91,18 +91,15 @@ def load_model(
             mtp_own_head=n_mtp > 0 and ckpt.has(f"model.layers.{first_mtp}.shared_head.head.weight"),
         )
         kv_b = _load_weights(model, ckpt, quant, dtype)
-    for layer, stored in sorted(kv_b.items()):
-        online = policy.for_layer(layer).online
-        if online is not None:  # vLLM's meaning of targets: the kv_b_proj linear quantized online
-            check_platform(None if settings.platform is None else str(settings.platform))
-            if precision is not Precision.DECODE_ONLY:
-                raise ValueError(
-                    f"--precision {precision.value}: "
-                    "under --quantization online prefill runs vLLM's online kv_b_proj linear (vLLM's meaning); --precision "
-                    "chooses prefill's weights under mlaq's meaning (the absorbed BMMs): drop one of them"
-                )
-            attn = model.model.layers[layer].self_attn
-            kv_b[layer] = _online_kv_b(attn, stored, online, dtype, tensor_parallel_size)
+    # vLLM's meaning of targets: the kv_b_proj linear quantized online (--quantization online, or
+    # --engine-defaults vllm-0.32's own reading of targets): its kernels and mlaq's --precision checked once
+    online = {layer: d.online for layer in kv_b if (d := policy.for_layer(layer)).online is not None}
+    if online:
+        check_platform(None if settings.platform is None else str(settings.platform))
+        check_online_precision(precision)
+    for layer, scheme in sorted(online.items()):
+        attn = model.model.layers[layer].self_attn
+        kv_b[layer] = _online_kv_b(attn, kv_b[layer], scheme, dtype, tensor_parallel_size)
     for layer, stored in sorted(kv_b.items()):
         attn = model.model.layers[layer].self_attn
         apply_decision(attn, policy.for_layer(layer), stored, precision, tensor_parallel_size)

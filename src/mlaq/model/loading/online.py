@@ -34,15 +34,28 @@ from mlaq.bmm.online_linear import (
     decode_weight,
     quantize_weight,
 )
+from mlaq.model.layers.mla_core import Precision
 
 __all__ = [
     "EMULATED",
+    "check_online_precision",
     "check_platform",
     "check_scheme",
     "online_dequantized",
     "online_fp8_per_tensor",
     "online_kv_b",
 ]
+
+
+def check_online_precision(precision: Precision) -> None:
+    """Under vLLM's meaning prefill runs the online linear: mlaq's ``--precision`` (prefill's arithmetic
+    under mlaq's meaning) cannot apply as well; anything but the default is a clear error."""
+    if precision is not Precision.DECODE_ONLY:
+        raise ValueError(
+            f"--precision {precision.value}: "
+            "under --quantization online prefill runs vLLM's online kv_b_proj linear (vLLM's meaning); --precision "
+            "chooses prefill's weights under mlaq's meaning (the absorbed BMMs): drop one of them"
+        )
 
 
 def online_fp8_per_tensor(weight: Tensor, amax: Tensor | None = None) -> tuple[Tensor, Tensor]:
