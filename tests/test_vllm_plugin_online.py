@@ -21,6 +21,16 @@ from mlaq.settings import Platform, VllmPluginEnv
 ONLINE = {"mode": "emulate", "quantization": "online", "targets": {"re:.*kv_b_proj": "fp8_per_tensor"}}
 
 
+@pytest.fixture
+def vllm_tp1(monkeypatch):
+    """A stand-in ``vllm.distributed`` at tensor-parallel size 1 (what the online hook asks vLLM)."""
+    fake = types.ModuleType("vllm.distributed")
+    fake.get_tensor_model_parallel_world_size = lambda: 1
+    fake.get_tp_group = None
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.distributed", fake)
+
+
 def test_config_and_plan_give_vllms_meaning():
     config = read_config({"mlaq": ONLINE}, None)
     assert config.explicit.online
@@ -51,13 +61,8 @@ def test_bad_online_settings_name_the_key(change, message):
         read_config({"mlaq": {**ONLINE, **change}}, None)
 
 
-def test_layer_weight_is_the_online_dequantized_one_before_vllm_splits_it(monkeypatch):
+def test_layer_weight_is_the_online_dequantized_one_before_vllm_splits_it(vllm_tp1):
     """A stand-in layer at tensor-parallel size 1: vLLM's process sees the dequantized weight."""
-    fake = types.ModuleType("vllm.distributed")
-    fake.get_tensor_model_parallel_world_size = lambda: 1
-    fake.get_tp_group = None
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setitem(sys.modules, "vllm.distributed", fake)
     g = torch.Generator().manual_seed(9)
     w = (torch.randn(64, 32, generator=g) * 0.1).bfloat16()
     seen = []
@@ -73,16 +78,11 @@ def test_layer_weight_is_the_online_dequantized_one_before_vllm_splits_it(monkey
 
 
 @pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_per_channel", "mxfp4", "mxfp8"])
-def test_prefill_gemm_is_the_online_linear(monkeypatch, scheme):
+def test_prefill_gemm_is_the_online_linear(vllm_tp1, scheme):
     """vLLM's prefill GEMM (kv_b_proj.quant_method.apply) becomes the online linear: for fp8_per_tensor the
     latent is quantized per token first, so it differs from the dequantized weight's plain product."""
     from mlaq.bmm.online_linear import SCHEMES, OnlineLinear, quantize_weight
 
-    fake = types.ModuleType("vllm.distributed")
-    fake.get_tensor_model_parallel_world_size = lambda: 1
-    fake.get_tp_group = None
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setitem(sys.modules, "vllm.distributed", fake)
     g = torch.Generator().manual_seed(4)
     w = (torch.randn(64, 64, generator=g) * 0.1).bfloat16()
     method = SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.weight.t())
