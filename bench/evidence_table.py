@@ -24,6 +24,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f} %"
 
 
+def _accuracy_cell(e: dict, sep: str) -> str:
+    """bf16's accuracy [Wilson 95 %] and n of one cell (``sep`` between the interval and n)."""
+    return f"{_pct(e['accuracy'])} [{_pct(e['ci_low'])}, {_pct(e['ci_high'])}]{sep}n={e['n']}"
+
+
 def _delta_cell(e: dict) -> str:
     lo, hi = e["logprob_delta_ci"]
     acc = f"{100 * e['accuracy_delta']:+.0f} pts (p {e['p_value_vs_bf16']:.2g})"
@@ -37,7 +42,7 @@ def task_rows(report: dict) -> list[str]:
     rows = [head, "|---" * (3 + len(schemes)) + "|"]
     for task, per in ref.items():
         for length, e in per.items():
-            cell = f"{_pct(e['accuracy'])} [{_pct(e['ci_low'])}, {_pct(e['ci_high'])}], n={e['n']}"
+            cell = _accuracy_cell(e, ", ")
             deltas = [_delta_cell(report["schemes"][s]["tasks"][task][length]) for s in schemes]
             rows.append(f"| {task} | {length} | {cell} | " + " | ".join(deltas) + " |")
     return rows
@@ -78,10 +83,7 @@ def by_length_rows(report: dict) -> list[str]:
             "| scheme | " + " | ".join(lengths) + " |",
             "|---" * (1 + len(lengths)) + "|",
         ]
-        cells = [
-            f"{_pct(e['accuracy'])} [{_pct(e['ci_low'])}, {_pct(e['ci_high'])}] n={e['n']}"
-            for e in per.values()
-        ]
+        cells = [_accuracy_cell(e, " ") for e in per.values()]
         out.append("| bf16 | " + " | ".join(cells) + " |")
         for name, s in report["schemes"].items():
             out.append(f"| {name} | " + " | ".join(_delta_cell(s["tasks"][task][n]) for n in lengths) + " |")
