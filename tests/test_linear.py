@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
 
 from mlaq.model.layers import linear as lin
+from mlaq.model.layers.linear import Embedding
+from mlaq.validate.config import bundled_model_dir
 
 
 def _operands(rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,3 +109,22 @@ def test_fuse_rows_leaves_what_it_cannot_stack():
         ptrs = [layer.weight.data_ptr() for layer in pair]
         assert lin.fuse_rows(*pair) is None
         assert [layer.weight.data_ptr() for layer in pair] == ptrs  # nothing changed
+
+
+def test_embedding_initialises_real_tables_and_leaves_meta_ones_alone():
+    torch.manual_seed(0)
+    real = Embedding(16, 4)
+    assert real.weight.abs().sum() > 0  # drawn as nn.Embedding draws them
+    torch.manual_seed(0)
+    assert torch.equal(real.weight, torch.nn.Embedding(16, 4).weight)
+    assert Embedding(16, 4, device="meta").weight.is_meta
+
+
+def test_loading_a_model_does_not_import_dynamo():
+    """The loader builds on meta; nothing there may draw random values (torch._dynamo's import, ~1-2 s)."""
+    code = (
+        "import sys; from mlaq.model import load_model; "
+        f"load_model({str(bundled_model_dir())!r}); print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from mlaq.model.config import ModelConfig
 from mlaq.model.layers.cache import LatentCache, ModelCache
 from mlaq.model.layers.decoder import DecoderLayer
-from mlaq.model.layers.linear import Linear
+from mlaq.model.layers.linear import Embedding, Linear
 from mlaq.model.layers.mla import AttnPath
 from mlaq.model.layers.mla_config import MLAConfig
 from mlaq.model.layers.mtp import MTPLayer, select_rows
@@ -57,7 +57,7 @@ class DeepseekModel(nn.Module):
     ) -> None:
         super().__init__()
         kw: dict[str, Any] = {"dtype": dtype, "device": device}
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **kw)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **kw)
         n = cfg.num_hidden_layers
         layers: list[DecoderLayer] = [DecoderLayer(cfg, mla_cfg, i, **kw) for i in range(n)]
         layers += [

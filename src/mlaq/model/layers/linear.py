@@ -64,6 +64,16 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` that leaves a table on the meta device uninitialised: the loader builds the
+    model on meta and fills every tensor from the checkpoint, and torch's ``normal_`` on meta would
+    import torch._dynamo (~1-2 s at start-up) to draw values nobody reads. Elsewhere as nn.Embedding."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 def fuse_rows(*layers: nn.Linear) -> Tensor | None:
     """The weights of linears that read one input, stacked by rows (vLLM's ``fused_qkv_a_proj``,
     ``gate_up_proj``): one GEMM instead of several, its output split by columns (also the routed

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from mlaq.model.config import ModelConfig
 from mlaq.model.layers.cache import LatentCache
 from mlaq.model.layers.decoder import DecoderLayer
-from mlaq.model.layers.linear import Linear
+from mlaq.model.layers.linear import Embedding, Linear
 from mlaq.model.layers.mla import AttnPath
 from mlaq.model.layers.mla_config import MLAConfig
 from mlaq.model.layers.norm import RMSNorm
@@ -59,7 +59,7 @@ class MTPLayer(DecoderLayer):
         self.hnorm = RMSNorm(h, cfg.rms_norm_eps, **kw)
         self.eh_proj = Linear(2 * h, h, bias=False, **kw)
         self.shared_head = SharedHead(cfg, own_head, **kw)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, h, **kw) if own_embed else None
+        self.embed_tokens = Embedding(cfg.vocab_size, h, **kw) if own_embed else None
 
     def predict(
         self,
