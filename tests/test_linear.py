@@ -128,3 +128,36 @@ def test_loading_a_model_does_not_import_dynamo():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: {vendor}
+model name\t: some CPU
+flags\t\t: fpu sse2 avx2 {extra}
+
+processor\t: 1
+vendor_id\t: SomeoneElse
+flags\t\t: amx_bf16
+"""
+
+
+def test_cpu_identity_reads_the_first_processor():
+    vendor, flags = lin.cpu_identity(CPUINFO.format(vendor="GenuineIntel", extra="avx512_bf16"))
+    assert vendor == "GenuineIntel"
+    assert {"avx2", "avx512_bf16"} <= flags and "amx_bf16" not in flags  # processor 1's flags not read
+    assert lin.cpu_identity("") == ("", frozenset())
+
+
+@pytest.mark.parametrize(
+    ("onednn", "vendor", "extra", "fast"),
+    [
+        (True, "GenuineIntel", "avx512_bf16 amx_bf16 amx_tile", True),  # Sapphire Rapids and later
+        (True, "GenuineIntel", "avx512_bf16", False),  # AMX absent or hidden: bf16 slower than float32
+        (True, "AuthenticAMD", "avx512_bf16", True),  # Zen 4
+        (False, "AuthenticAMD", "", False),  # Zen 3: torch's generic bf16 kernel
+        (True, "", "", True),  # no /proc/cpuinfo: oneDNN's word stands
+    ],
+)
+def test_fast_bf16_gemm_by_cpu(onednn, vendor, extra, fast):
+    _, flags = lin.cpu_identity(CPUINFO.format(vendor=vendor, extra=extra))
+    assert lin.fast_bf16_gemm(onednn, vendor, flags) is fast

@@ -20,12 +20,12 @@ PROBE = """
 import ctypes, gc, os, sys, torch
 import torch.nn.functional as F
 from mlaq.bundled import bundled_model_dir
-from mlaq.model.layers.linear import native_low_precision_gemm
+from mlaq.model.layers.linear import onednn_bf16_gemm
 from mlaq.model.loading.loader import load_model
 
 torch.set_num_threads(1)
 model = load_model(bundled_model_dir(), dtype=torch.bfloat16)  # caps the caches before its first GEMM
-if not native_low_precision_gemm():
+if not onednn_bf16_gemm():
     print("skip"); sys.exit()
 weight = model.model.layers[0].mlp.gate_proj.weight  # (I, H) bf16
 x = torch.randn(SHAPES + 2, weight.shape[1], dtype=torch.bfloat16)

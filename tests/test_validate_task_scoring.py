@@ -126,6 +126,26 @@ def test_engine_scoring_shares_the_prefill_and_applies_the_scheme(model) -> None
     assert abs(sum(lp["bf16"]) / len(s) + math.log(V)) < 1.5
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_float32_held_cache_changes_no_bit(model, monkeypatch, native: bool) -> None:
+    """Where the decode multiplies in float32 the shared prefill's cache is converted once (exact):
+    every score equals the one from the cache held in bf16 and converted at each call."""
+    from mlaq.model.layers import cache as cache_module
+    from mlaq.model.layers import linear, mla_latent
+
+    s = samples()
+    held: list[bool] = []
+    real = cache_module.ModelCache.hold_latents
+    monkeypatch.setattr(cache_module.ModelCache, "hold_latents", lambda c, d: held.append(True) or real(c, d))
+    monkeypatch.setattr(linear, "native_low_precision_gemm", lambda: native)
+    monkeypatch.setattr(mla_latent, "native_low_precision_gemm", lambda: native)
+    got = score_variants(s, ["bf16", "mxfp4"], lambda v: _prepare(model, v), lambda v: 0)
+    assert bool(held) is (not native)
+    monkeypatch.setattr(cache_module.ModelCache, "hold_latents", lambda c, d: None)
+    want = score_variants(s, ["bf16", "mxfp4"], lambda v: _prepare(model, v), lambda v: 0)
+    assert got == want
+
+
 def test_exact_match_is_greedy_decoding(model) -> None:
     """Exact match under teacher forcing == greedy decoding reproduces the answer: a sample whose answer
     IS the model's step-by-step greedy continuation scores correct; one token changed, it does not."""

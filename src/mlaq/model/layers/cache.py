@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from mlaq.model.layers.step import StepPositions
@@ -94,6 +95,15 @@ class ModelCache:
 
     def layers(self) -> tuple[int, ...]:
         return tuple(sorted(self._layers))
+
+    def hold_latents(self, dtype: torch.dtype) -> None:
+        """Keep every layer's latents in ``dtype`` from here on: converted once now, later writes as they
+        land (DSA indexer keys stay as they are). float32 over bf16 latents is exact, and the absorbed path
+        takes float32 keys as holding their values (``MLAttention.attend``): where its GEMMs run in float32
+        they then read the cache as it is instead of converting all of it at every call (several decodes
+        from one prefill: the task suite)."""
+        for slot in self._layers.values():
+            slot.latent = slot.latent.to(dtype)
 
     def update(
         self, layer: int, step: StepPositions, latent: Tensor, index_keys: Tensor | None

@@ -7,7 +7,15 @@ float32, accumulates in float32 and rounds the result to bf16 once; ``linear`` d
 the float32 GEMM (operands upcast exactly, result rounded to the input's dtype), so only the
 accumulation order differs, as between any two GEMM kernels (about 1 element in 5,000 differs by one
 bf16 ulp). Single-row inputs keep the bf16 kernel: at one row, upcasting the weight costs more than it
-saves. Where the CPU has a native bf16 GEMM (oneDNN: AVX-512 or AMX) nothing changes.
+saves.
+
+Which path a machine takes is decided once, from the CPU's identity (never from a timing, so a machine's
+numerics do not depend on its load). oneDNN's bf16 GEMM is the fast one with AMX (Intel Sapphire Rapids
+and later) and on AMD CPUs with AVX512_BF16 (Zen 4: 1.4x float32). On an Intel CPU with AVX512_BF16 but
+no AMX (Cooper Lake; a Sapphire or Emerald Rapids whose hypervisor hides AMX) oneDNN still takes bf16,
+and there it is the slow one: 4096 x 256 @ 256 x 768 in 13.4 ms against 8.2 ms through the float32 GEMM,
+torch 2.13, 2 threads, Intel Xeon (Emerald Rapids, AMX hidden), 2026-12-06; ``mlaq validate``'s default
+run 22 % faster end to end (``bench/validate_stages.py``). Those CPUs take the float32 path too.
 """
 
 from __future__ import annotations
@@ -20,11 +28,38 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 MIN_ROWS = 2  # one row: the bf16 GEMV beats upcasting the weight (0.7-0.9x); 2 rows 1.0-1.2x, 4 rows 1.6-2x
 
 
-def _probe_native_bf16() -> bool:
+def onednn_bf16_gemm() -> bool:
+    """Whether this torch runs bf16 GEMMs through oneDNN (AVX512_BF16 or AMX; else its generic kernel)."""
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # an older or unusual build: assume the fast path
         return True
+
+
+def cpu_identity(cpuinfo: str) -> tuple[str, frozenset[str]]:
+    """(vendor_id, feature flags) of the first processor in a /proc/cpuinfo text ("" and none if absent)."""
+    fields: dict[str, str] = {}
+    for row in cpuinfo.splitlines():
+        if not row.strip():
+            break  # the first processor's block ends here
+        name, _, value = row.partition(":")
+        fields[name.strip()] = value.strip()
+    return fields.get("vendor_id", ""), frozenset(fields.get("flags", "").split())
+
+
+def fast_bf16_gemm(onednn_bf16: bool, vendor: str, flags: frozenset[str]) -> bool:
+    """Whether torch's bf16 GEMM beats upcasting to float32 (module docstring): oneDNN takes bf16, and the
+    CPU is not an Intel one without AMX. Without a /proc/cpuinfo (vendor ""), oneDNN's word stands."""
+    return onednn_bf16 and not (vendor == "GenuineIntel" and "amx_bf16" not in flags)
+
+
+def _probe_native_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            vendor, flags = cpu_identity(f.read())
+    except OSError:  # not Linux
+        vendor, flags = "", frozenset()
+    return fast_bf16_gemm(onednn_bf16_gemm(), vendor, flags)
 
 
 # A fact of the machine, read once at import (microseconds). A constant rather than a cached call:
@@ -35,7 +70,7 @@ _NATIVE_BF16 = _probe_native_bf16()
 
 
 def native_low_precision_gemm() -> bool:
-    """Whether torch's CPU matmul runs bf16 through oneDNN (fast) rather than its generic fallback."""
+    """Whether bf16 GEMMs run in bf16 (oneDNN, and faster than float32 on this CPU) rather than upcast."""
     return _NATIVE_BF16
 
 

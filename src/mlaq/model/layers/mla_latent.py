@@ -56,7 +56,8 @@ def wants_blocks(mask: Tensor | None, t: int) -> bool:
 
 
 def bf16_value_gemm(dtype: torch.dtype) -> bool:
-    """Whether :func:`latent_values` multiplies in bf16 (native bf16 GEMM: oneDNN's bf16 support)."""
+    """Whether :func:`latent_values` multiplies in bf16 (``linear.native_low_precision_gemm``: oneDNN's
+    bf16 GEMM, where it beats float32 on this CPU)."""
     return dtype == torch.bfloat16 and native_low_precision_gemm()
 
 
@@ -67,9 +68,9 @@ def latent_values(probs: Tensor, c_kv: Tensor, dtype: torch.dtype) -> Tensor:
 
     Both operands are exact in ``dtype``, so a bf16 GEMM (exact products, float32 accumulation, one
     rounding to bf16: FlashMLA's P @ V) and a float32 GEMM rounded once to bf16 compute the same sums
-    in different orders (about 1 output in 3,000 differs by one bf16 ulp). Where the CPU has a native
-    bf16 GEMM (oneDNN on AVX-512 BF16 or AMX) and c_kv is held in bf16, the bf16 one runs: 2.1-2.4x
-    faster on an AMD EPYC Zen 4; elsewhere, and for keys already held in float32 (decode over the
+    in different orders (about 1 output in 3,000 differs by one bf16 ulp). Where the CPU has a fast
+    bf16 GEMM (oneDNN with AMX, or AVX512_BF16 on AMD) and c_kv is held in bf16, the bf16 one runs:
+    2.1-2.4x faster on an AMD EPYC Zen 4; elsewhere (Intel without AMX included), and for keys already held in float32 (decode over the
     engine's resident buffer: no conversion pass), the float32 one (torch's generic bf16 kernel is
     several times slower).
     """

@@ -18,6 +18,8 @@ prefill does not depend on the scheme, so it runs once per batch of samples and 
 from it (the cache is truncated back after each): N schemes cost one prefill plus N short decodes. The
 prefill only fills the cache (``prefill_cache``): the decode reads nothing else, so the last layer's
 attention and MLP over the context are skipped, a quarter of a 4-layer model's prefill, bits unchanged.
+Where the decode's GEMMs run in float32 (``native_low_precision_gemm``), the cache is converted to float32
+once after the prefill (exact) rather than by every scheme's every layer: bits unchanged.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def score_variants(
     cache (truncated back after each), and the cache is dropped before the next batch, so memory holds
     one batch's cache whatever the number of samples and variants. ``on_batch(done, total)`` reports."""
     from mlaq.model import ModelCache
+    from mlaq.model.layers.linear import native_low_precision_gemm
 
     groups = batches(samples, batch_tokens)
     keys: dict[Hashable, list[Hashable]] = {}
@@ -123,6 +126,8 @@ def score_variants(
                 sharing = sharing[::-1]
             cache = ModelCache()
             model_of(sharing[0]).prefill_cache(ids, cache)  # the cache only: no last-layer outputs
+            if not native_low_precision_gemm():  # the decodes multiply in float32: convert once, exactly
+                cache.hold_latents(torch.float32)
             for v in sharing:
                 for i, sc in zip(idx, score_batch(model_of(v), group, cache, decode_from), strict=True):
                     result[v][i] = sc
