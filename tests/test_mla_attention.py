@@ -372,6 +372,33 @@ def test_fused_naive_attention_padded_v_matches_float64(dtype, tol, kind):
     assert rel(got.double(), want) <= tol, rel(got.double(), want)
 
 
+@pytest.mark.parametrize("kind", ["causal", "prefix"])
+def test_float32_flash_where_bf16_gemms_run_through_float32(monkeypatch, kind):
+    """On CPUs without a fast bf16 GEMM the flash kernel runs on the bf16 values held in float32: the
+    probabilities are not rounded to bf16, so the output is closer to the exact attention than the bf16
+    kernel's; elsewhere the bf16 kernel runs. Either way the output is bf16."""
+    from mlaq.model.layers import mla_core
+
+    g = torch.Generator().manual_seed(1)
+    b, t, n, p, r, lora, v = 1, 96, 4, 128, 64, 512, 128
+    k = t + (32 if kind == "prefix" else 0)
+    q_nope = torch.randn(b, t, n, p, generator=g).bfloat16()
+    q_pe = torch.randn(b, t, n, r, generator=g).bfloat16()
+    keys = torch.randn(b, k, lora + r, generator=g).bfloat16()
+    kv_b = (torch.randn(n * (p + v), lora, generator=g) / lora**0.5).bfloat16()
+    mask = torch.ones(k, k, dtype=torch.bool).tril()[k - t :].expand(b, t, k).clone()
+    want = _unfused(q_nope, q_pe, keys, mask, kv_b, 192**-0.5)
+    out = {}
+    for native in (True, False):
+        monkeypatch.setattr(mla_core, "native_low_precision_gemm", lambda native=native: native)
+        assert mla_core.float32_flash(q_nope) is not native
+        out[native] = mla_core.naive_attention(q_nope, q_pe, keys, mask, kv_b, 192**-0.5)
+        assert out[native].dtype == torch.bfloat16
+    assert not torch.equal(out[True], out[False])
+    assert rel(out[False].double(), want) < rel(out[True].double(), want)
+    assert not mla_core.float32_flash(q_nope.float())  # float32 compute: nothing to change
+
+
 def test_is_causal_only_for_the_exact_square_lower_triangle():
     from mlaq.model.layers.mla_core import is_causal
 
