@@ -37,7 +37,7 @@ from tiny_model import TinyGeometry, build_config
 from tokenizers import Tokenizer
 from train_tiny import make_optimizer, update_router_bias
 
-from mlaq.model.layers.linear import native_low_precision_gemm
+from mlaq.model.layers.linear import onednn_bf16_gemm
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlaq-train"
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
                 torch=torch.__version__, cpu=platform.processor() or platform.machine())  # fmt: skip
     if a.export_only:
         return do_export(model, cfg, tok, a, held_code, held_prose, meta)
-    bf16 = a.autocast == "bf16" or (a.autocast == "auto" and native_low_precision_gemm())
+    bf16 = a.autocast == "bf16" or (a.autocast == "auto" and onednn_bf16_gemm())
     meta["autocast"] = "bf16" if bf16 else "off (fp32)"
     print(f"matmuls in {'bf16 autocast' if bf16 else 'fp32'}", flush=True)
     step_fn = model if a.no_compile else torch.compile(model)

@@ -26,6 +26,12 @@ from torch import Tensor, nn
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 MIN_ROWS = 2  # one row: the bf16 GEMV beats upcasting the weight (0.7-0.9x); 2 rows 1.0-1.2x, 4 rows 1.6-2x
+# Where oneDNN runs bf16 but float32 beats it (Intel without AMX), upcasting the weight costs as much as the
+# GEMM's rows save only from tens of rows on: the bundled model's lm_head (4096 x 256) at 2-16 rows 0.2-0.4 ms
+# in bf16 against 0.5-0.7 ms upcast, at 128 rows 4.2 against 3.0 ms. mlaq.LLM on the bundled model, 32 prompts
+# of 256 tokens + 64 new tokens: 3.64 s upcasting from 64 rows, 3.82 s from 2 rows, 4.06 s in bf16 throughout
+# (medians of 4, alternated in one process; Intel Xeon Emerald Rapids, AMX hidden, 2 threads, 2026-12-06).
+MIN_ROWS_ONEDNN = 64
 
 
 def onednn_bf16_gemm() -> bool:
@@ -67,6 +73,7 @@ def _probe_native_bf16() -> bool:
 # torch.backends, which it may not trace; that graph break at every multi-row linear made compiled
 # batched decode slower than eager.
 _NATIVE_BF16 = _probe_native_bf16()
+_ONEDNN_BF16 = onednn_bf16_gemm()
 
 
 def native_low_precision_gemm() -> bool:
@@ -74,13 +81,19 @@ def native_low_precision_gemm() -> bool:
     return _NATIVE_BF16
 
 
+def upcast_min_rows() -> int:
+    """The fewest rows a bf16 linear takes the float32 GEMM at, where it can: ``MIN_ROWS`` beside torch's
+    generic bf16 kernel, ``MIN_ROWS_ONEDNN`` beside oneDNN's (the slower one there, but not by much)."""
+    return MIN_ROWS_ONEDNN if _ONEDNN_BF16 else MIN_ROWS
+
+
 def upcast_gemm(x: Tensor, weight: Tensor) -> bool:
     """Whether ``linear(x, weight)`` runs through the float32 GEMM."""
     return (
         weight.dtype in LOW_PRECISION
         and weight.device.type == "cpu"
-        and x.numel() >= MIN_ROWS * x.shape[-1]
         and not native_low_precision_gemm()
+        and x.numel() >= upcast_min_rows() * x.shape[-1]
     )
 
 
