@@ -14,8 +14,10 @@ numerics do not depend on its load). oneDNN's bf16 GEMM is the fast one with AMX
 and later) and on AMD CPUs with AVX512_BF16 (Zen 4: 1.4x float32). On an Intel CPU with AVX512_BF16 but
 no AMX (Cooper Lake; a Sapphire or Emerald Rapids whose hypervisor hides AMX) oneDNN still takes bf16,
 and there it is the slow one: 4096 x 256 @ 256 x 768 in 13.4 ms against 8.2 ms through the float32 GEMM,
-torch 2.13, 2 threads, Intel Xeon (Emerald Rapids, AMX hidden), 2026-12-06; ``mlaq validate``'s default
-run 22 % faster end to end (``bench/validate_stages.py``). Those CPUs take the float32 path too.
+torch 2.13, 2 threads, Intel Xeon (Emerald Rapids, AMX hidden), 2026-12-06. Those CPUs take the float32
+path too, from ``MIN_ROWS_ONEDNN`` rows on (prefill-sized GEMMs; decode-sized ones keep bf16); with the
+prefill's attention in float32 as well (``mla_core.float32_flash``), ``mlaq validate``'s default run took
+0.80x the CPU time (bench/RESULTS.md).
 """
 
 from __future__ import annotations
