@@ -24,7 +24,6 @@ def _operands(rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor
 
 def test_upcast_gives_the_float32_gemm_rounded_once(monkeypatch):
     monkeypatch.setattr(lin, "native_low_precision_gemm", lambda: False)
-    monkeypatch.setattr(lin, "_ONEDNN_BF16", False)  # torch's generic bf16 kernel: upcast from 2 rows
     x, w, b = _operands(8, torch.bfloat16)
     assert lin.upcast_gemm(x, w)
     got = lin.linear(x, w, b)
@@ -37,7 +36,6 @@ def test_upcast_gives_the_float32_gemm_rounded_once(monkeypatch):
 
 def test_single_rows_float32_and_native_cpus_keep_f_linear(monkeypatch):
     monkeypatch.setattr(lin, "native_low_precision_gemm", lambda: False)
-    monkeypatch.setattr(lin, "_ONEDNN_BF16", False)  # torch's generic bf16 kernel: upcast from 2 rows
     x, w, _ = _operands(1, torch.bfloat16)
     assert not lin.upcast_gemm(x[:1], w)  # one row: the bf16 GEMV is as fast
     xf, wf, bf = _operands(8, torch.float32)
@@ -51,7 +49,6 @@ def test_single_rows_float32_and_native_cpus_keep_f_linear(monkeypatch):
 
 def test_linear_module_is_an_nn_linear_with_its_names(monkeypatch):
     monkeypatch.setattr(lin, "native_low_precision_gemm", lambda: False)
-    monkeypatch.setattr(lin, "_ONEDNN_BF16", False)  # torch's generic bf16 kernel: upcast from 2 rows
     m = lin.Linear(96, 160, dtype=torch.bfloat16)
     assert isinstance(m, nn.Linear) and set(m.state_dict()) == {"weight", "bias"}
     x, _, _ = _operands(8, torch.bfloat16)
@@ -68,7 +65,6 @@ def test_bundled_model_logits_agree_across_paths(monkeypatch):
     out = {}
     for native in (True, False):
         monkeypatch.setattr(lin, "native_low_precision_gemm", lambda native=native: native)
-        monkeypatch.setattr(lin, "_ONEDNN_BF16", False)
         with torch.no_grad():
             out[native] = model.prefill(ids, ModelCache()).logits.float()
     rel = (out[True] - out[False]).norm() / out[True].norm()
@@ -165,16 +161,3 @@ def test_cpu_identity_reads_the_first_processor():
 def test_fast_bf16_gemm_by_cpu(onednn, vendor, extra, fast):
     _, flags = lin.cpu_identity(CPUINFO.format(vendor=vendor, extra=extra))
     assert lin.fast_bf16_gemm(onednn, vendor, flags) is fast
-
-
-def test_beside_a_slow_onednn_only_tens_of_rows_upcast(monkeypatch):
-    """Intel without AMX: oneDNN's bf16 GEMM is slower than float32, but converting the weight costs more
-    than a few rows save, so decode-sized GEMMs keep bf16 and prefill-sized ones upcast."""
-    monkeypatch.setattr(lin, "native_low_precision_gemm", lambda: False)
-    monkeypatch.setattr(lin, "_ONEDNN_BF16", True)
-    assert lin.upcast_min_rows() == lin.MIN_ROWS_ONEDNN > lin.MIN_ROWS
-    w = torch.randn(160, 96).bfloat16()
-    assert not lin.upcast_gemm(torch.randn(lin.MIN_ROWS_ONEDNN - 1, 96).bfloat16(), w)
-    assert lin.upcast_gemm(torch.randn(2, lin.MIN_ROWS_ONEDNN // 2, 96).bfloat16(), w)  # rows of all batches
-    monkeypatch.setattr(lin, "_ONEDNN_BF16", False)
-    assert lin.upcast_min_rows() == lin.MIN_ROWS

@@ -15,9 +15,11 @@ and later) and on AMD CPUs with AVX512_BF16 (Zen 4: 1.4x float32). On an Intel C
 no AMX (Cooper Lake; a Sapphire or Emerald Rapids whose hypervisor hides AMX) oneDNN still takes bf16,
 and there it is the slow one: 4096 x 256 @ 256 x 768 in 13.4 ms against 8.2 ms through the float32 GEMM,
 torch 2.13, 2 threads, Intel Xeon (Emerald Rapids, AMX hidden), 2026-12-06. Those CPUs take the float32
-path too, from ``MIN_ROWS_ONEDNN`` rows on (prefill-sized GEMMs; decode-sized ones keep bf16); with the
-prefill's attention in float32 as well (``mla_core.float32_flash``), ``mlaq validate``'s default run took
-0.80x the CPU time (bench/RESULTS.md).
+path too, from ``MIN_ROWS`` rows as the others: with the prefill's attention in float32 as well
+(``mla_core.float32_flash``), ``mlaq validate``'s default run took 0.80x the CPU time (bench/RESULTS.md), and
+mlaq.LLM generating 64 tokens after 32 prompts of 256 tokens 3.82 s against 4.06 s (medians of 4, alternated
+in one process). One path from 2 rows on also keeps a layer's arithmetic independent of how a caller splits
+its rows into calls of 2 or more (the layer-streamed validation's chunks).
 """
 
 from __future__ import annotations
@@ -28,12 +30,6 @@ from torch import Tensor, nn
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 MIN_ROWS = 2  # one row: the bf16 GEMV beats upcasting the weight (0.7-0.9x); 2 rows 1.0-1.2x, 4 rows 1.6-2x
-# Where oneDNN runs bf16 but float32 beats it (Intel without AMX), upcasting the weight costs as much as the
-# GEMM's rows save only from tens of rows on: the bundled model's lm_head (4096 x 256) at 2-16 rows 0.2-0.4 ms
-# in bf16 against 0.5-0.7 ms upcast, at 128 rows 4.2 against 3.0 ms. mlaq.LLM on the bundled model, 32 prompts
-# of 256 tokens + 64 new tokens: 3.64 s upcasting from 64 rows, 3.82 s from 2 rows, 4.06 s in bf16 throughout
-# (medians of 4, alternated in one process; Intel Xeon Emerald Rapids, AMX hidden, 2 threads, 2026-12-06).
-MIN_ROWS_ONEDNN = 64
 
 
 def onednn_bf16_gemm() -> bool:
@@ -75,7 +71,6 @@ def _probe_native_bf16() -> bool:
 # torch.backends, which it may not trace; that graph break at every multi-row linear made compiled
 # batched decode slower than eager.
 _NATIVE_BF16 = _probe_native_bf16()
-_ONEDNN_BF16 = onednn_bf16_gemm()
 
 
 def native_low_precision_gemm() -> bool:
@@ -83,19 +78,13 @@ def native_low_precision_gemm() -> bool:
     return _NATIVE_BF16
 
 
-def upcast_min_rows() -> int:
-    """The fewest rows a bf16 linear takes the float32 GEMM at, where it can: ``MIN_ROWS`` beside torch's
-    generic bf16 kernel, ``MIN_ROWS_ONEDNN`` beside oneDNN's (the slower one there, but not by much)."""
-    return MIN_ROWS_ONEDNN if _ONEDNN_BF16 else MIN_ROWS
-
-
 def upcast_gemm(x: Tensor, weight: Tensor) -> bool:
     """Whether ``linear(x, weight)`` runs through the float32 GEMM."""
     return (
         weight.dtype in LOW_PRECISION
         and weight.device.type == "cpu"
+        and x.numel() >= MIN_ROWS * x.shape[-1]
         and not native_low_precision_gemm()
-        and x.numel() >= upcast_min_rows() * x.shape[-1]
     )
 
 
