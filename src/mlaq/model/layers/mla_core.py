@@ -185,8 +185,9 @@ def naive_attention(
     ``kernel``: causal attention runs in mlaq's C kernel instead (``mla_kernel``, ``compile=True``'s
     choice; V unpadded, probabilities in float32). On CPUs that multiply bf16 through float32
     (:func:`float32_flash`) the same flash kernel runs on the operands' values held in float32: the
-    probabilities then stay in float32, as in the C kernel, and the output is rounded once. ``decompress``: c_kv (B, K, L) -> (B, K, N*(P+V)) in
-    place of ``c_kv @ kv_b^T`` (an online-quantized kv_b_proj linear, vLLM's meaning of targets).
+    probabilities then stay in float32, as in the C kernel, and the output is rounded once.
+    ``decompress``: c_kv (B, K, L) -> (B, K, N*(P+V)) in place of ``c_kv @ kv_b^T`` (an online-quantized
+    kv_b_proj linear, vLLM's meaning of targets).
     """
     b, _, n, p = q_nope.shape
     lora = kv_b.shape[1]

@@ -70,9 +70,9 @@ def latent_values(probs: Tensor, c_kv: Tensor, dtype: torch.dtype) -> Tensor:
     rounding to bf16: FlashMLA's P @ V) and a float32 GEMM rounded once to bf16 compute the same sums
     in different orders (about 1 output in 3,000 differs by one bf16 ulp). Where the CPU has a fast
     bf16 GEMM (oneDNN with AMX, or AVX512_BF16 on AMD) and c_kv is held in bf16, the bf16 one runs:
-    2.1-2.4x faster on an AMD EPYC Zen 4; elsewhere (Intel without AMX included), and for keys already held in float32 (decode over the
-    engine's resident buffer: no conversion pass), the float32 one (torch's generic bf16 kernel is
-    several times slower).
+    2.1-2.4x faster on an AMD EPYC Zen 4; elsewhere (Intel without AMX included), and for keys already
+    held in float32 (decode over the engine's resident buffer: no conversion pass), the float32 one
+    (torch's generic bf16 kernel is several times slower).
     """
     if bf16_value_gemm(dtype) and c_kv.dtype == dtype:
         return torch.bmm(probs.to(dtype), c_kv).float()
