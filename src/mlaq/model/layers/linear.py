@@ -24,6 +24,8 @@ its rows into calls of 2 or more (the layer-streamed validation's chunks).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -40,10 +42,12 @@ def onednn_bf16_gemm() -> bool:
         return True
 
 
-def cpu_identity(cpuinfo: str) -> tuple[str, frozenset[str]]:
-    """(vendor_id, feature flags) of the first processor in a /proc/cpuinfo text ("" and none if absent)."""
+def cpu_identity(lines: Iterable[str]) -> tuple[str, frozenset[str]]:
+    """(vendor_id, feature flags) of the first processor in /proc/cpuinfo's lines ("" and none if absent).
+    Reads no further than that processor's block: the kernel writes the file as it is read, a block per
+    CPU, so on a many-core machine the rest is work nobody needs at import."""
     fields: dict[str, str] = {}
-    for row in cpuinfo.splitlines():
+    for row in lines:
         if not row.strip():
             break  # the first processor's block ends here
         name, _, value = row.partition(":")
@@ -60,7 +64,7 @@ def fast_bf16_gemm(onednn_bf16: bool, vendor: str, flags: frozenset[str]) -> boo
 def _probe_native_bf16() -> bool:
     try:
         with open("/proc/cpuinfo") as f:
-            vendor, flags = cpu_identity(f.read())
+            vendor, flags = cpu_identity(f)
     except OSError:  # not Linux
         vendor, flags = "", frozenset()
     return fast_bf16_gemm(onednn_bf16_gemm(), vendor, flags)
