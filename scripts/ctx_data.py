@@ -125,7 +125,9 @@ def split_query(template: str, rng: np.random.Generator, enc, **kw: str) -> tupl
 class Mix:
     """Share of windows of each kind (the rest is plain natural text): 80 % carry a task. A kv window
     holds 1 to min(max_pairs, n // pair_tokens) facts and queries up to max_queries of them (all of them
-    when query_all); a share `few` of kv windows holds only 1 to 3 facts (needles in a long haystack)."""
+    when query_all); a share `few` of kv windows holds only 1 to 3 facts (needles in a long haystack); a
+    share `lead` of kv windows opens with its first fact (a context's first line: a system prompt, a file
+    header), a place the uniform layout almost never draws."""
 
     kv: float = 0.5
     copy: float = 0.2
@@ -135,6 +137,7 @@ class Mix:
     query_all: bool = False
     max_pairs: int = 64
     few: float = 0.0
+    lead: float = 0.0
 
 
 # Retrieval-dense windows: every fact queried (up to 32): ~2x the key -> value answer tokens per token of
@@ -144,7 +147,10 @@ DENSE = Mix(kv=0.65, copy=0.2, vartrack=0.1, pair_tokens=40, max_queries=32, que
 # window of the dense mix answers only ~32), and a quarter of kv windows needle-like (1-3 facts).
 LONG = Mix(kv=0.75, copy=0.1, vartrack=0.1, pair_tokens=40, max_queries=64, query_all=True, max_pairs=128,
            few=0.25)  # fmt: skip
-MIXES = {"default": Mix(), "dense": DENSE, "long": LONG}
+# Needle-heavy long windows: half of the kv windows needle-like, and 30 % of kv windows open with a fact.
+NEEDLE = Mix(kv=0.8, copy=0.1, vartrack=0.05, pair_tokens=40, max_queries=64, query_all=True, max_pairs=128,
+             few=0.5, lead=0.3)  # fmt: skip
+MIXES = {"default": Mix(), "dense": DENSE, "long": LONG, "needle": NEEDLE}
 
 
 Ids = tuple[list[int], list[int]]  # token ids and a same-length 0/1 answer mask
@@ -190,6 +196,8 @@ def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator, 
         return _plain(hay, n)
     body = hay[:budget]
     pos = np.sort(rng.integers(0, budget + 1, size=len(facts)))
+    if mix.lead and rng.random() < mix.lead:  # (no draw for mixes without `lead`)
+        pos[0] = 0
     ids = _splice(body, list(zip(pos.tolist(), facts, strict=True)))
     return (ids + queries)[: n + 1], ([0] * len(ids) + qmask)[: n + 1]
 

@@ -19,7 +19,7 @@ from conftest import SRC
 pytest.importorskip("tokenizers")
 sys.path.insert(0, str(SRC.parent / "scripts"))
 
-from ctx_data import DENSE, LONG, Mix, copy_window, kv_window, make_window, split_query, vartrack_window
+from ctx_data import DENSE, LONG, NEEDLE, Mix, copy_window, kv_window, make_window, split_query, vartrack_window
 from tiny_data import train_tokenizer
 
 
@@ -145,6 +145,21 @@ def test_long_mix_has_needles_and_many_keys(tok):
         keys = re.findall(r"[a-z]+(?:_[a-z0-9]+)+", tok.decode([i for i in w if i < 400]))
         counts.append(len(set(keys)))
     assert sum(c <= 3 for c in counts) >= 5 and max(counts) > 64, counts
+
+
+def test_needle_mix_opens_a_share_of_windows_with_a_fact_and_leaves_other_mixes_alone(tok):
+    """--mix needle: ~30 % of kv windows start with their first fact (token 0 is the fact's newline, then
+    the key); mixes without `lead` draw exactly the windows they drew before (no extra random draw)."""
+    hay = list(range(1000, 30000))  # ids above the vocabulary: a window opens with text only for a fact
+    opened = 0
+    for seed in range(60):
+        w, _ = kv_window(hay, 4096, tok, np.random.default_rng(seed), NEEDLE)
+        opened += w[0] < 400
+        plain, _ = kv_window(hay, 4096, tok, np.random.default_rng(seed), LONG)
+        twin, _ = kv_window(hay, 4096, tok, np.random.default_rng(seed), Mix(**{**LONG.__dict__, "lead": 0.0}))
+        assert plain == twin
+    assert 10 <= opened <= 30, opened
+    assert NEEDLE.few > LONG.few and NEEDLE.kv > LONG.kv
 
 
 def test_copy_window_repeats_a_segment(tok):
