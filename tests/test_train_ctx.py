@@ -19,7 +19,17 @@ from conftest import SRC
 pytest.importorskip("tokenizers")
 sys.path.insert(0, str(SRC.parent / "scripts"))
 
-from ctx_data import DENSE, LONG, NEEDLE, Mix, copy_window, kv_window, make_window, split_query, vartrack_window
+from ctx_data import (
+    DENSE,
+    LONG,
+    NEEDLE,
+    Mix,
+    copy_window,
+    kv_window,
+    make_window,
+    split_query,
+    vartrack_window,
+)
 from tiny_data import train_tokenizer
 
 
@@ -156,7 +166,9 @@ def test_needle_mix_opens_a_share_of_windows_with_a_fact_and_leaves_other_mixes_
         w, _ = kv_window(hay, 4096, tok, np.random.default_rng(seed), NEEDLE)
         opened += w[0] < 400
         plain, _ = kv_window(hay, 4096, tok, np.random.default_rng(seed), LONG)
-        twin, _ = kv_window(hay, 4096, tok, np.random.default_rng(seed), Mix(**{**LONG.__dict__, "lead": 0.0}))
+        twin, _ = kv_window(
+            hay, 4096, tok, np.random.default_rng(seed), Mix(**{**LONG.__dict__, "lead": 0.0})
+        )
         assert plain == twin
     assert 10 <= opened <= 30, opened
     assert NEEDLE.few > LONG.few and NEEDLE.kv > LONG.kv
