@@ -157,21 +157,41 @@ def test_long_mix_has_needles_and_many_keys(tok):
     assert sum(c <= 3 for c in counts) >= 5 and max(counts) > 64, counts
 
 
+class _Recorder:
+    """A numpy Generator that records the name of every method called on it."""
+
+    def __init__(self, seed: int):
+        self.rng, self.calls = np.random.default_rng(seed), []
+
+    def __getattr__(self, name: str):
+        self.calls.append(name)
+        return getattr(self.rng, name)
+
+
 def test_needle_mix_opens_a_share_of_windows_with_a_fact_and_leaves_other_mixes_alone(tok):
     """--mix needle: ~30 % of kv windows start with their first fact (token 0 is the fact's newline, then
-    the key); mixes without `lead` draw exactly the windows they drew before (no extra random draw)."""
+    the key). A mix without `lead` makes no extra random draw, so it draws exactly the windows it drew
+    before: with lead = 1 the calls are those of lead = 0 plus one `random()`, and the window opens with
+    a fact."""
     hay = list(range(1000, 30000))  # ids above the vocabulary: a window opens with text only for a fact
     opened = 0
     for seed in range(60):
         w, _ = kv_window(hay, 4096, tok, np.random.default_rng(seed), NEEDLE)
         opened += w[0] < 400
-        plain, _ = kv_window(hay, 4096, tok, np.random.default_rng(seed), LONG)
-        twin, _ = kv_window(
-            hay, 4096, tok, np.random.default_rng(seed), Mix(**{**LONG.__dict__, "lead": 0.0})
-        )
-        assert plain == twin
     assert 10 <= opened <= 30, opened
     assert NEEDLE.few > LONG.few and NEEDLE.kv > LONG.kv
+    always, laid_out = Mix(**{**LONG.__dict__, "lead": 1.0}), 0
+    for seed in range(20):
+        without, with_lead = _Recorder(seed), _Recorder(seed)
+        kv_window(hay, 4096, tok, without, LONG)
+        w, mask = kv_window(hay, 4096, tok, with_lead, always)
+        if not any(mask):  # too many facts for the length: plain text, drawn before any layout
+            assert with_lead.calls == without.calls, seed
+            continue
+        laid_out += 1
+        assert with_lead.calls == [*without.calls, "random"], seed
+        assert w[0] < 400
+    assert laid_out >= 10, laid_out
 
 
 def test_copy_window_repeats_a_segment(tok):
