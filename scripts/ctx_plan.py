@@ -50,9 +50,9 @@ def context(a: argparse.Namespace, geo: TinyGeometry, plan: list) -> tuple[TinyG
         rope_params = yarn_parameters(a.yarn_factor, original)
         geo = TinyGeometry(**{**geo.__dict__, "max_position_embeddings": int(original * a.yarn_factor)})
     longest = max(seq for seq, _, _ in plan)
-    if longest > geo.max_position_embeddings:
+    if longest > geo.max_position_embeddings and not a.train_past_context:
         raise SystemExit(f"--phases reaches {longest} tokens, past the context {geo.max_position_embeddings}; "
-                         "raise --yarn-factor or shorten the phases")  # fmt: skip
+                         "raise --yarn-factor, shorten the phases, or pass --train-past-context")  # fmt: skip
     return geo, rope_params
 
 

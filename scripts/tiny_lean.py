@@ -211,7 +211,9 @@ class MtpLayer(DecoderLayer):
 class LeanTiny(nn.Module):
     """Main model (model.embed_tokens, model.layers[0..n-1], model.norm, lm_head) + MTP at model.layers[n]."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, positions: int | None = None) -> None:
+        """positions: rows of the RoPE table, max_position_embeddings by default (more to train past the
+        context: the same frequencies, continued)."""
         super().__init__()
         c = config
         self.config, self.n = dict(c), c["num_hidden_layers"]
@@ -222,7 +224,7 @@ class LeanTiny(nn.Module):
         self.model.layers = nn.ModuleList([*layers, MtpLayer(c)])
         self.model.norm = Norm(h, c["rms_norm_eps"])
         self.lm_head = lin(h, c["vocab_size"])
-        cos, sin = rope_tables(MLAConfig.from_hf(c), c["max_position_embeddings"])
+        cos, sin = rope_tables(MLAConfig.from_hf(c), max(positions or 0, c["max_position_embeddings"]))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.reset_parameters(c.get("initializer_range", 0.02))

@@ -79,6 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--yarn-factor", type=float, default=0.0,
                    help="extend the context by this factor with DeepSeek-V3's YaRN (rope_scaling type yarn): "
                         "max_position_embeddings = factor x the original context (4096, or --init-from's)")  # fmt: skip
+    p.add_argument("--train-past-context", action="store_true",
+                   help="let --phases run past the context: positions past max_position_embeddings get the "
+                        "same RoPE / YaRN frequencies, continued, so the context's longest distances are not "
+                        "the longest trained; the exported config keeps the context")  # fmt: skip
     p.add_argument("--bias-speed", type=float, default=1e-2)
     p.add_argument("--balance-alpha", type=float, default=0.01)
     p.add_argument("--prose-mb", type=float, default=30.0, help="MB of kernel docs to train on")
@@ -194,11 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(a.threads)
     run_dir = a.run_dir or CACHE / a.run
     plan, geo = phases(a.phases), GEOMETRY
-    if a.smoke:
+    if a.smoke:  # its context: the longest phase (the shortest with --train-past-context)
+        ctx = (min if a.train_past_context else max)(s for s, _, _ in plan)
         geo = TinyGeometry(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                            q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32,
                            v_head_dim=32, intermediate_size=128, moe_intermediate_size=32,
-                           max_position_embeddings=max(s for s, _, _ in plan))  # fmt: skip
+                           max_position_embeddings=ctx)  # fmt: skip
         if a.yarn_factor:
             geo = TinyGeometry(**{**geo.__dict__, "max_position_embeddings": int(geo.max_position_embeddings
                                                                                  // a.yarn_factor)})  # fmt: skip
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     bos, eos = tok.token_to_id(SPECIAL[0]), tok.token_to_id(SPECIAL[1])
     cfg = build_config(geo, bos_token_id=bos, eos_token_id=eos, rope_parameters=rope_params)
     torch.manual_seed(a.seed)
-    model = LeanTiny(cfg.to_dict()).train()
+    model = LeanTiny(cfg.to_dict(), positions=max(seq for seq, _, _ in plan)).train()
     for moe in model.moe_layers():
         moe.balance_alpha = a.balance_alpha
     opt = make_optimizer(model, a.lr)

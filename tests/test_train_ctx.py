@@ -282,3 +282,40 @@ def test_init_from_a_model_directory_takes_its_weights(tmp_path, dirs):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if "e_score" not in k)
     meta = json.loads((tmp_path / "b" / "out" / "training.json").read_text())
     assert meta["init_from"]["tokens"] == 256
+
+
+def test_train_past_context_runs_longer_windows_and_keeps_the_context(tmp_path, dirs):
+    """Phases past the context are refused in one line unless --train-past-context; with it the run trains
+    on the longer windows (RoPE continued past the context) and the export keeps the shorter context."""
+    import argparse
+
+    from ctx_plan import context
+    from tiny_model import TinyGeometry
+
+    geo = TinyGeometry(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, q_lora_rank=16,
+                       kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
+                       intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=64)  # fmt: skip
+    a = argparse.Namespace(init_from=None, yarn_factor=0.0, train_past_context=False)
+    with pytest.raises(SystemExit, match="reaches 128 tokens, past the context 64; .*--train-past-context"):
+        context(a, geo, [(64, 2, 128), (128, 1, 128)])
+    a.train_past_context = True
+    assert context(a, geo, [(64, 2, 128), (128, 1, 128)]) == (geo, None)
+    run(tmp_path / "b", dirs, "64x2:128,128x1:256", "--train-past-context")
+    out = tmp_path / "b" / "out"
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 64
+    meta = json.loads((out / "training.json").read_text())
+    assert meta["tokens"] == 384 and meta["step"] == 3
+
+
+def test_rope_table_past_the_context_continues_the_same_frequencies():
+    from tiny_lean import LeanTiny
+    from tiny_model import TinyGeometry, build_config, yarn_parameters
+
+    geo = TinyGeometry(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, q_lora_rank=16,
+                       kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
+                       intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=256)  # fmt: skip
+    cfg = build_config(geo, bos_token_id=0, eos_token_id=1, rope_parameters=yarn_parameters(4.0, 64)).to_dict()
+    short, long = LeanTiny(cfg), LeanTiny(cfg, positions=320)
+    assert short.cos.shape[0] == 256 and long.cos.shape[0] == 320
+    assert torch.equal(long.cos[:256], short.cos) and torch.equal(long.sin[:256], short.sin)
+    assert not torch.equal(long.cos[256:], long.cos[192:256])  # new positions, not a repeat
