@@ -296,7 +296,7 @@ def test_train_past_context_runs_longer_windows_and_keeps_the_context(tmp_path, 
                        kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
                        intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=64)  # fmt: skip
     a = argparse.Namespace(init_from=None, yarn_factor=0.0, train_past_context=False)
-    with pytest.raises(SystemExit, match="reaches 128 tokens, past the context 64; .*--train-past-context"):
+    with pytest.raises(SystemExit, match=r"reaches 128 tokens, past the context 64; .*--train-past-context"):
         context(a, geo, [(64, 2, 128), (128, 1, 128)])
     a.train_past_context = True
     assert context(a, geo, [(64, 2, 128), (128, 1, 128)]) == (geo, None)
@@ -314,7 +314,9 @@ def test_rope_table_past_the_context_continues_the_same_frequencies():
     geo = TinyGeometry(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, q_lora_rank=16,
                        kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
                        intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=256)  # fmt: skip
-    cfg = build_config(geo, bos_token_id=0, eos_token_id=1, rope_parameters=yarn_parameters(4.0, 64)).to_dict()
+    cfg = build_config(
+        geo, bos_token_id=0, eos_token_id=1, rope_parameters=yarn_parameters(4.0, 64)
+    ).to_dict()
     short, long = LeanTiny(cfg), LeanTiny(cfg, positions=320)
     assert short.cos.shape[0] == 256 and long.cos.shape[0] == 320
     assert torch.equal(long.cos[:256], short.cos) and torch.equal(long.sin[:256], short.sin)
