@@ -35,6 +35,19 @@ def tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def assert_greedy_up_to_a_near_tie(llm: LLM, prompts: list[list[int]], want: list[list[int]]) -> None:
+    """Each continuation equals ``want`` up to its first difference, and there the two tokens were a near
+    tie for ``llm`` (its top two, within 0.05 nats): arithmetic that differs from the reference in the last
+    bits of bf16 may flip a tie, never a clear choice; past the flip the two texts are not comparable."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
+    for out, ref in zip(llm.generate([{"prompt_token_ids": p} for p in prompts], params), want, strict=True):
+        got, steps = list(out.outputs[0].token_ids), out.outputs[0].logprobs
+        for i, (g, w) in enumerate(zip(got, ref, strict=True)):
+            if g != w:
+                assert w in steps[i] and steps[i][g] - steps[i][w] < 0.05, (i, g, w, steps[i])
+                break
+
+
 def test_compiled_greedy_equals_eager(checkpoint):
     eager = tokens(LLM(checkpoint, max_model_len=64), PROMPTS)
     counters.clear()
@@ -214,8 +227,11 @@ def test_both_attention_kernels_give_eager_tokens(checkpoint, monkeypatch, dtype
         assert (model.kernel is not None) == (attention == "mlaq")
         for prompts in (PROMPTS[:1], PROMPTS):
             want = tokens(eager, prompts)
-            assert tokens(LLM(model, max_model_len=64), prompts) == want
-            assert tokens(LLM(model, max_model_len=64, speculative_config=spec), prompts) == want
+            for llm in (LLM(model, max_model_len=64), LLM(model, max_model_len=64, speculative_config=spec)):
+                if attention == "mlaq" or dtype == torch.float32:
+                    assert tokens(llm, prompts) == want
+                else:  # torch's bf16 flash kernel rounds the probabilities before the value sum (mla_flash)
+                    assert_greedy_up_to_a_near_tie(llm, prompts, want)
         assert ({"attend", "prefill"} <= set(calls)) == (attention == "mlaq")
         assert ({"absorb", "up"} <= set(calls)) == (attention == "mlaq" and dtype == torch.bfloat16)
 

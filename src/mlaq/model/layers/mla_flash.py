@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mlaq.model.layers.mla_core import AbsorbedWeights, absorbed_output, absorbed_queries, float32_flash
+from mlaq.model.layers.mla_core import AbsorbedWeights, absorbed_output, absorbed_queries
 
 
 def absorbed_attention_flash(
@@ -47,19 +47,14 @@ def flash_queries(q_nope: Tensor, q_pe: Tensor, w: AbsorbedWeights) -> Tensor:
 def flash_attend(q: Tensor, keys: Tensor, mask: Tensor | None, n: int, scale: float) -> Tensor:
     """The attention over the cache in torch's fused kernel: folded queries q (B, 1, N*T, L+R), keys
     (B, K, L+R) (cast to q's dtype; read in place when already in it), mask (B, T, K) or None, N heads
-    -> (B, 1, N*T, L+R) in q's dtype (its last R columns are the keys' rope part: ignored). On CPUs that
-    multiply bf16 through float32 (``mla_core.float32_flash``) the kernel runs on the values held in float32,
-    as the prefill does there: probabilities in float32, as in mlaq's C kernel, and one rounding at the end."""
+    -> (B, 1, N*T, L+R) in q's dtype (its last R columns are the keys' rope part: ignored)."""
     b, _, rows, _ = q.shape
-    out_dtype = q.dtype
-    if float32_flash(q):
-        q = q.float()  # exact: the values stay bf16's
     k = keys.to(q.dtype)[:, None]  # (B, 1, K, L+R): one kv head, keys doubling as values
     m = None
     if mask is not None:  # (B, T, K) -> (B, 1, N*T, K)
         t = rows // n
         m = mask[:, None, None].expand(b, 1, n, t, mask.shape[-1]).reshape(b, 1, rows, -1)
-    return F.scaled_dot_product_attention(q, k, k, attn_mask=m, scale=scale).to(out_dtype)
+    return F.scaled_dot_product_attention(q, k, k, attn_mask=m, scale=scale)
 
 
 def flash_output(o: Tensor, w: AbsorbedWeights, n: int, dtype: torch.dtype) -> Tensor:
