@@ -198,8 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(a.threads)
     run_dir = a.run_dir or CACHE / a.run
     plan, geo = phases(a.phases), GEOMETRY
+    longest = max(seq for seq, _, _ in plan)
     if a.smoke:  # its context: the longest phase (the shortest with --train-past-context)
-        ctx = (min if a.train_past_context else max)(s for s, _, _ in plan)
+        ctx = min(seq for seq, _, _ in plan) if a.train_past_context else longest
         geo = TinyGeometry(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                            q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32,
                            v_head_dim=32, intermediate_size=128, moe_intermediate_size=32,
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     bos, eos = tok.token_to_id(SPECIAL[0]), tok.token_to_id(SPECIAL[1])
     cfg = build_config(geo, bos_token_id=bos, eos_token_id=eos, rope_parameters=rope_params)
     torch.manual_seed(a.seed)
-    model = LeanTiny(cfg.to_dict(), positions=max(seq for seq, _, _ in plan)).train()
+    model = LeanTiny(cfg.to_dict(), positions=longest).train()
     for moe in model.moe_layers():
         moe.balance_alpha = a.balance_alpha
     opt = make_optimizer(model, a.lr)

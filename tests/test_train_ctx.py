@@ -284,17 +284,22 @@ def test_init_from_a_model_directory_takes_its_weights(tmp_path, dirs):
     assert meta["init_from"]["tokens"] == 256
 
 
+def small_geometry(context: int):
+    from tiny_model import TinyGeometry
+
+    return TinyGeometry(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, q_lora_rank=16,
+                        kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
+                        intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=context)  # fmt: skip
+
+
 def test_train_past_context_runs_longer_windows_and_keeps_the_context(tmp_path, dirs):
     """Phases past the context are refused in one line unless --train-past-context; with it the run trains
     on the longer windows (RoPE continued past the context) and the export keeps the shorter context."""
     import argparse
 
     from ctx_plan import context
-    from tiny_model import TinyGeometry
 
-    geo = TinyGeometry(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, q_lora_rank=16,
-                       kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
-                       intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=64)  # fmt: skip
+    geo = small_geometry(64)
     a = argparse.Namespace(init_from=None, yarn_factor=0.0, train_past_context=False)
     with pytest.raises(SystemExit, match=r"reaches 128 tokens, past the context 64; .*--train-past-context"):
         context(a, geo, [(64, 2, 128), (128, 1, 128)])
@@ -309,11 +314,9 @@ def test_train_past_context_runs_longer_windows_and_keeps_the_context(tmp_path, 
 
 def test_rope_table_past_the_context_continues_the_same_frequencies():
     from tiny_lean import LeanTiny
-    from tiny_model import TinyGeometry, build_config, yarn_parameters
+    from tiny_model import build_config, yarn_parameters
 
-    geo = TinyGeometry(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, q_lora_rank=16,
-                       kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
-                       intermediate_size=32, moe_intermediate_size=16, max_position_embeddings=256)  # fmt: skip
+    geo = small_geometry(256)
     cfg = build_config(
         geo, bos_token_id=0, eos_token_id=1, rope_parameters=yarn_parameters(4.0, 64)
     ).to_dict()
