@@ -103,6 +103,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def init_tokenizer(a: argparse.Namespace) -> Path:
+    """The tokenizer of --init-from: an exported directory's, or a state file's run (its corpus/, else
+    --out's export); SystemExit when there is none (a new tokenizer would not match the weights)."""
+    src = a.init_from
+    places = [src / "tokenizer.json"] if src.is_dir() else [src.parent / "corpus" / "tokenizer.json"]
+    places.append(a.out / "tokenizer.json")
+    for place in places:
+        if place.exists():
+            return place
+    raise SystemExit(f"--init-from {src}: no tokenizer.json at {' or '.join(map(str, places))}; "
+                     "pass the exported model directory (weights and tokenizer) instead")  # fmt: skip
+
+
 def corpus(a: argparse.Namespace, run_dir: Path) -> tuple[Tokenizer, list[np.ndarray], str, str, dict]:
     """Tokenizer and token streams, built once per run and cached (deterministic)."""
     cdir = run_dir / "corpus"
@@ -113,11 +126,8 @@ def corpus(a: argparse.Namespace, run_dir: Path) -> tuple[Tokenizer, list[np.nda
     held_prose = heldout_prose(a.heldout_prose_dir)
     if not (cdir / "tokenizer.json").exists():
         cdir.mkdir(parents=True, exist_ok=True)
-        shipped = a.out / "tokenizer.json"
-        if a.init_from is not None and a.init_from.is_dir():
-            shipped = a.init_from / "tokenizer.json"
-        if a.init_from and shipped.exists():  # continuing a model: keep its tokenizer
-            tok = Tokenizer.from_file(str(shipped))
+        if a.init_from is not None:  # continuing a model: its tokenizer, never a new one
+            tok = Tokenizer.from_file(str(init_tokenizer(a)))
         else:
             rng = np.random.default_rng(a.seed)  # tokenizer from a sample of both kinds
             sample = [code[i] for i in rng.permutation(len(code))[:600]] + prose[:: max(1, len(prose) // 600)]

@@ -268,9 +268,15 @@ def test_weighted_loss_is_the_weighted_mean_of_token_losses():
 def test_init_from_starts_a_new_run_and_carries_the_prior_tokens(tmp_path, dirs):
     run(tmp_path / "a", dirs, "64x2:256")
     state = tmp_path / "a" / "run" / "state.safetensors"
-    run(tmp_path / "b", dirs, "64x2:128", "--init-from", str(state))
+    other = tmp_path / "other-prose"  # a new tokenizer would differ: other prose
+    other.mkdir()
+    (other / "doc.rst").write_text("Quantum flux capacitors oscillate wildly. " * 300)
+    run(tmp_path / "b", dirs, "64x2:128", "--init-from", str(state), "--prose-dir", str(other))
     meta = json.loads((tmp_path / "b" / "out" / "training.json").read_text())
     assert meta["tokens"] == 128 and meta["init_from"]["tokens"] == 256
+    # the weights' tokenizer (the state's run's), not a new one from this run's seed and empty --out
+    tokenizers = [(tmp_path / r / "out" / "tokenizer.json").read_text() for r in ("a", "b")]
+    assert tokenizers[0] == tokenizers[1]
 
 
 def test_init_from_a_model_directory_takes_its_weights(tmp_path, dirs):
