@@ -20,6 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench-bmm": ("mlaq.cli.bench_bmm", "time every BMM scheme and an absorbed decode step"),
     "explain": ("mlaq.cli.explain", "show which BMM scheme each MLA layer's kv_b_proj gets, and why"),
     "validate": ("mlaq.cli.validate", "measure what re-quantizing MLA's absorbed BMMs costs against bf16"),
+    "compare": (
+        "mlaq.cli.compare",
+        "compare two validate reports' task outcomes on the same samples, paired",
+    ),
     "generate": ("mlaq.cli.generate", "complete prompts (MTP speculative decoding, vLLM's metrics)"),
     "serve": ("mlaq.cli.serve", "an OpenAI-compatible server (vLLM's flags, wire format and metrics)"),
     "audit": ("mlaq.cli.audit", "rank layers by what re-quantizing kv_b_proj loses, reading only kv_b_proj"),

@@ -79,6 +79,7 @@ class TaskSampleRecord:
     depth: float  # where the answer's fact sits in the haystack filler (0 start, 1 end)
     answer_tokens: int
     wrapped: bool  # the haystack text repeated to fill this sample
+    fingerprint: str = ""  # sha256 of the prompt and answer token ids (16 hex): the same sample, or not
 
 
 @dataclass(frozen=True)

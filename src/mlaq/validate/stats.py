@@ -245,6 +245,17 @@ def _suite(r: Record) -> dict[str, Any] | None:
         "haystack": dict(r.tasks.haystack),
         "samples": len(r.tasks.samples),
         "seconds": r.tasks.seconds,
+        # which samples: every variant's "task_outcomes" is aligned with this list (``mlaq compare``)
+        "items": [
+            {
+                "task": s.task,
+                "length": s.length,
+                "index": s.index,
+                "depth": s.depth,
+                "fingerprint": s.fingerprint,
+            }
+            for s in r.tasks.samples
+        ],
     }
 
 

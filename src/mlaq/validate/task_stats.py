@@ -105,6 +105,16 @@ def trend_table(
     }
 
 
+def task_outcomes(v: VariantRecord) -> dict[str, list[Any]]:
+    """Each sample's scores, aligned with the report's ``tasks.items`` (columns: greedy exact match,
+    mean answer log-probability in nats, token accuracy): what pairs two reports (``mlaq compare``)."""
+    return {
+        "correct": [s.correct for s in v.tasks],
+        "logprob": [s.logprob for s in v.tasks],
+        "token_accuracy": [s.token_accuracy for s in v.tasks],
+    }
+
+
 def suite_order(suite: TaskSuiteRecord, task: str) -> int:
     names = suite.config.get("tasks", [])
     return names.index(task) if task in names else len(names)
@@ -160,6 +170,7 @@ def variant_task_figures(v: VariantRecord, reference: VariantRecord | None, r: R
     out: dict[str, Any] = {}
     if r.tasks is not None and v.tasks:
         out["tasks"] = task_table(r.tasks, v, reference, r.seed)
+        out["task_outcomes"] = task_outcomes(v)
         out["needle_by_depth"] = needle_by_depth(r.tasks, v)
         if reference is not None and (trends := trend_table(r.tasks, v, reference, r.seed)):
             out["length_trend"] = trends

@@ -3,8 +3,11 @@ scored under every variant through the engine's model pool, into the record's pl
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+
+import numpy as np
 
 from mlaq.model import Precision
 from mlaq.validate.config import Variant
@@ -106,6 +109,13 @@ def steps(drawn: Drawn) -> int:
     return len(batches(drawn.samples, drawn.suite.batch_tokens))
 
 
+def fingerprint(sample: TaskSample) -> str:
+    """The first 16 hex digits of the sha256 of the sample's token ids (prompt then answer, little-endian
+    int32): two reports hold the same sample when their fingerprints are equal (``mlaq compare``)."""
+    ids = np.asarray(sample.ids, dtype="<i4")
+    return hashlib.sha256(ids.tobytes()).hexdigest()[:16]
+
+
 def suite_record(
     cfg: TaskConfig, haystack: Haystack, samples: Sequence[TaskSample], skipped: list[str], seconds: float
 ) -> TaskSuiteRecord:
@@ -115,6 +125,9 @@ def suite_record(
     return TaskSuiteRecord(
         config,
         {"path": haystack.name, "tokens": len(haystack), "wrapped": wrapped},
-        [TaskSampleRecord(s.task, s.length, s.index, s.depth, len(s.answer), s.wrapped) for s in samples],
+        [
+            TaskSampleRecord(s.task, s.length, s.index, s.depth, len(s.answer), s.wrapped, fingerprint(s))
+            for s in samples
+        ],
         seconds,
     )
