@@ -78,13 +78,13 @@ def format_text(out: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from mlaq.validate.pairs import compare, load_side
 
-    names = (args.variants or "").split(",") if args.variants else [None, None]
-    if len(names) == 1:
-        names = names * 2
-    if len(names) != 2 or not all(n is None or n.strip() for n in names):
-        raise ValueError(f"--variants takes one name or two, comma-separated; got {args.variants!r}")
-    a = load_side(args.a, names[0] and names[0].strip())
-    b = load_side(args.b, names[1] and names[1].strip())
+    names: list[str | None] = [None, None]  # each report's reference
+    if args.variants:
+        names = [n.strip() for n in args.variants.split(",")]
+        names = names * 2 if len(names) == 1 else names
+        if len(names) != 2 or not all(names):
+            raise ValueError(f"--variants takes one name or two, comma-separated; got {args.variants!r}")
+    a, b = load_side(args.a, names[0]), load_side(args.b, names[1])
     out = compare(a, b, seed=args.seed)
     sys.stdout.write(json.dumps(out, indent=2) + "\n" if args.json else format_text(out))
     return 0

@@ -36,6 +36,13 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     return low, high
 
 
+def discordant(reference: Sequence[bool], candidate: Sequence[bool]) -> tuple[int, int]:
+    """McNemar's discordant pairs of paired right/wrong outcomes: (right only under ``reference``, right
+    only under ``candidate``)."""
+    pairs = list(zip(reference, candidate, strict=True))
+    return sum(r and not c for r, c in pairs), sum(c and not r for r, c in pairs)
+
+
 def mcnemar_exact(only_reference: int, only_candidate: int) -> float:
     """Two-sided exact McNemar p-value from the discordant pairs: ``only_reference`` samples right under
     the reference only, ``only_candidate`` right under the candidate only. No discordant pair: 1.0."""

@@ -21,9 +21,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from mlaq.validate.intervals import mcnemar_exact, paired_bootstrap, wilson
-
-REPORT_JSON = "report.json"
+from mlaq.validate.intervals import discordant, mcnemar_exact, paired_bootstrap, wilson
+from mlaq.validate.report import REPORT_JSON
 
 
 @dataclass(frozen=True)
@@ -96,8 +95,7 @@ _SAME = (
 def _cell(a: Side, b: Side, idx: Sequence[int], seed: int) -> dict[str, Any]:
     ca, cb = [a.correct[i] for i in idx], [b.correct[i] for i in idx]
     n = len(idx)
-    only_a = sum(x and not y for x, y in zip(ca, cb, strict=True))
-    only_b = sum(y and not x for x, y in zip(ca, cb, strict=True))
+    only_a, only_b = discordant(ca, cb)
     acc_deltas = [float(y) - float(x) for x, y in zip(ca, cb, strict=True)]
     lp_deltas = [b.logprob[i] - a.logprob[i] for i in idx]
     out: dict[str, Any] = {"n": n}

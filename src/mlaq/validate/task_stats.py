@@ -16,7 +16,7 @@ from collections import defaultdict
 from statistics import fmean
 from typing import Any
 
-from mlaq.validate.intervals import mcnemar_exact, min_detectable_drop, paired_bootstrap, wilson
+from mlaq.validate.intervals import discordant, mcnemar_exact, min_detectable_drop, paired_bootstrap, wilson
 from mlaq.validate.record import Record, TaskScoreRecord, TaskSuiteRecord, Totals, VariantRecord
 from mlaq.validate.trend import length_trend
 
@@ -47,8 +47,7 @@ def accuracy_cell(scores: list[TaskScoreRecord]) -> dict[str, Any]:
 def paired_cell(ref: list[TaskScoreRecord], cand: list[TaskScoreRecord], seed: int) -> dict[str, Any]:
     """The candidate's cell plus its paired comparison with the reference on the same samples."""
     out = accuracy_cell(cand)
-    only_ref = sum(r.correct and not c.correct for r, c in zip(ref, cand, strict=True))
-    only_cand = sum(c.correct and not r.correct for r, c in zip(ref, cand, strict=True))
+    only_ref, only_cand = discordant([r.correct for r in ref], [c.correct for c in cand])
     deltas = [c.logprob - r.logprob for r, c in zip(ref, cand, strict=True)]
     token_deltas = [c.token_accuracy - r.token_accuracy for r, c in zip(ref, cand, strict=True)]
     ref_acc = sum(r.correct for r in ref) / len(ref)
