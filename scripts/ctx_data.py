@@ -127,7 +127,9 @@ class Mix:
     holds 1 to min(max_pairs, n // pair_tokens) facts and queries up to max_queries of them (all of them
     when query_all); a share `few` of kv windows holds only 1 to 3 facts (needles in a long haystack); a
     share `lead` of kv windows opens with its first fact (a context's first line: a system prompt, a file
-    header), a place the uniform layout almost never draws."""
+    header), a place the uniform layout almost never draws; a share `far` of kv windows keeps all its facts
+    in the window's first quarter, so each is queried from three quarters of the window away or more (the
+    longest distances, which a uniform layout draws least often in multi-fact windows)."""
 
     kv: float = 0.5
     copy: float = 0.2
@@ -138,6 +140,7 @@ class Mix:
     max_pairs: int = 64
     few: float = 0.0
     lead: float = 0.0
+    far: float = 0.0
 
 
 # Retrieval-dense windows: every fact queried (up to 32): ~2x the key -> value answer tokens per token of
@@ -150,7 +153,11 @@ LONG = Mix(kv=0.75, copy=0.1, vartrack=0.1, pair_tokens=40, max_queries=64, quer
 # Needle-heavy long windows: half of the kv windows needle-like, and 30 % of kv windows open with a fact.
 NEEDLE = Mix(kv=0.8, copy=0.1, vartrack=0.05, pair_tokens=40, max_queries=64, query_all=True, max_pairs=128,
              few=0.5, lead=0.3)  # fmt: skip
-MIXES = {"default": Mix(), "dense": DENSE, "long": LONG, "needle": NEEDLE}
+# Long-distance windows: as NEEDLE without the opening facts, and half of the kv windows with every fact in
+# the first quarter (queried from the end: a 16K needle at depth 0 is the case this trains).
+FAR = Mix(kv=0.8, copy=0.1, vartrack=0.05, pair_tokens=40, max_queries=64, query_all=True, max_pairs=128,
+          few=0.5, far=0.5)  # fmt: skip
+MIXES = {"default": Mix(), "dense": DENSE, "long": LONG, "needle": NEEDLE, "far": FAR}
 
 
 Ids = tuple[list[int], list[int]]  # token ids and a same-length 0/1 answer mask
@@ -195,7 +202,8 @@ def kv_window(hay: list[int], n: int, tok: Tokenizer, rng: np.random.Generator, 
     if budget < 16:  # too many facts for this length: fall back to plain text
         return _plain(hay, n)
     body = hay[:budget]
-    pos = np.sort(rng.integers(0, budget + 1, size=len(facts)))
+    far = bool(mix.far) and rng.random() < mix.far  # (no draw for mixes without `far`)
+    pos = np.sort(rng.integers(0, (budget // 4 if far else budget) + 1, size=len(facts)))
     if mix.lead and rng.random() < mix.lead:  # (no draw for mixes without `lead`)
         pos[0] = 0
     ids = _splice(body, list(zip(pos.tolist(), facts, strict=True)))

@@ -21,6 +21,7 @@ sys.path.insert(0, str(SRC.parent / "scripts"))
 
 from ctx_data import (
     DENSE,
+    FAR,
     LONG,
     NEEDLE,
     Mix,
@@ -192,6 +193,33 @@ def test_needle_mix_opens_a_share_of_windows_with_a_fact_and_leaves_other_mixes_
         assert with_lead.calls == [*without.calls, "random"], seed
         assert w[0] < 400
     assert laid_out >= 10, laid_out
+
+
+def test_far_mix_keeps_half_the_windows_facts_in_the_first_quarter(tok):
+    """--mix far: in ~half of kv windows every fact precedes the first quarter of the haystack (fewer than
+    n / 4 haystack tokens before the last fact's last token), so its query is >= 3/4 of the window away;
+    with far = 1 all of them, and a mix without `far` draws exactly as before (one `random()` fewer)."""
+    hay = list(range(1000, 30000))  # haystack ids above the vocabulary: facts and queries are below it
+
+    def hay_before_last_fact(w: list[int], mask: list[int]) -> int:
+        queries = next(i for i, m in enumerate(mask) if m)  # the query block opens before the first answer
+        last = max(i for i in range(queries) if w[i] < 1000 and any(x >= 1000 for x in w[i:queries]))
+        return sum(x >= 1000 for x in w[:last])
+
+    always = Mix(**{**FAR.__dict__, "far": 1.0})
+    near, laid_out = 0, 0
+    for seed in range(40):
+        w, mask = kv_window(hay, 4096, tok, np.random.default_rng(seed), always)
+        if any(mask):
+            laid_out += 1
+            assert hay_before_last_fact(w, mask) <= 4096 // 4, seed
+        w, mask = kv_window(hay, 4096, tok, np.random.default_rng(seed), FAR)
+        near += any(mask) and hay_before_last_fact(w, mask) > 4096 // 4
+    assert laid_out >= 30 and 5 <= near <= 30, (laid_out, near)
+    without, with_far = _Recorder(3), _Recorder(3)
+    kv_window(hay, 4096, tok, without, Mix(**{**FAR.__dict__, "far": 0.0}))
+    kv_window(hay, 4096, tok, with_far, always)
+    assert with_far.calls == [*without.calls[:-1], "random", without.calls[-1]]
 
 
 def test_copy_window_repeats_a_segment(tok):
