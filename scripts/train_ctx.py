@@ -70,8 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=sorted(MIXES),
         default="default",
         help="task mix of the windows (scripts/ctx_data.py): dense = ~2x the key -> value answers per token; "
-        "long: 8K-16K windows, more facts; needle: long, needle-heavy, some windows opening with a fact; far: needle-heavy, half the kv windows "
-        "with their facts in the first quarter",
+        "long: 8K-16K windows, more facts; needle: long, needle-heavy, some windows opening with a fact; "
+        "far: needle-heavy, half the kv windows with their facts in the first quarter",
     )
     p.add_argument("--init-from", type=Path, default=None,
                    help="a state file (weights + AdamW moments) or an exported model directory (weights "
