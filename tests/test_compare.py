@@ -8,6 +8,7 @@ import struct
 
 import pytest
 
+from mlaq.cli.compare import format_text
 from mlaq.validate.intervals import mcnemar_exact, wilson
 from mlaq.validate.pairs import compare, load_side
 from mlaq.validate.tasks.generators import TaskSample
@@ -32,10 +33,14 @@ def test_fingerprint_is_the_sha256_of_the_int32_token_ids() -> None:
     assert fingerprint(_sample((7, 300, 4095), (2,))) != expected
 
 
-def _report(path, correct: list[bool], logprob: list[float], fingerprints: list[str], name: str = "bf16"):
-    depths = [0.0, 0.0, 1.0, 1.0, 0.0][: len(correct)]
+def _report(path, correct, logprob, fingerprints, name: str = "bf16", length: int = 64, extra: int = 0):
+    """A report with ``extra`` multikey samples, then needle samples at ``length`` (depths 0, 0, 1, 1, 0)."""
+    depths = [0.0, 0.0, 1.0, 1.0, 0.0][: len(correct) - extra]
     items = [
-        {"task": "needle", "length": 64, "index": i, "depth": d, "fingerprint": f}
+        {"task": "multikey", "length": 32, "index": k, "depth": 0.0, "fingerprint": f"{k:08x}m"}
+        for k in range(extra)
+    ] + [
+        {"task": "needle", "length": length, "index": i, "depth": d, "fingerprint": f}
         for i, (d, f) in enumerate(zip(depths, fingerprints, strict=True))
     ]
     outcomes = {"correct": correct, "logprob": logprob, "token_accuracy": [float(c) for c in correct]}
@@ -71,11 +76,37 @@ def test_pairs_count_the_discordant_samples_per_cell_and_depth(tmp_path) -> None
     assert (depth["1"]["n"], depth["1"]["only_a"], depth["1"]["only_b"]) == (2, 0, 2)
 
 
+def test_reports_of_other_lengths_pair_on_the_samples_both_hold(tmp_path) -> None:
+    """A 16K-only run against a run of several lengths: the shared cell is compared, sample for sample
+    wherever the two orders differ, and what only one side holds is named, not dropped silently."""
+    a = _report(tmp_path / "a.json", [False, False, True, True, False, False, True], [0.0] * 7, FPS, extra=2)
+    b = _report(tmp_path / "b.json", [True, False, True, True, True], [0.0, -1.0, 0.0, 0.0, -0.5], FPS)
+    out = compare(load_side(b), load_side(a))
+    assert out["paired"] == 5 and list(out["cells"]) == ["needle"]
+    assert out["a_only"] == [] and out["b_only"] == ["multikey at 32 tokens, 2 samples"]
+    cell = out["cells"]["needle"]["64"]
+    assert (cell["n"], cell["only_a"], cell["only_b"]) == (5, 2, 1)
+    assert cell["logprob_delta"] == pytest.approx((0 + 1.0 + 0 + 0 + 0.5) / 5)
+    shuffled = json.loads(b.read_text())
+    order = [4, 2, 0, 3, 1]
+    shuffled["tasks"]["items"] = [shuffled["tasks"]["items"][k] for k in order]
+    for key, values in shuffled["reference"]["task_outcomes"].items():
+        shuffled["reference"]["task_outcomes"][key] = [values[k] for k in order]
+    (tmp_path / "s.json").write_text(json.dumps(shuffled))
+    again = compare(load_side(tmp_path / "s.json"), load_side(a))["cells"]["needle"]["64"]
+    assert (again["only_a"], again["only_b"], again["logprob_delta"]) == (2, 1, cell["logprob_delta"])
+    text = format_text(out)
+    assert "Only in B, left out: multikey at 32 tokens, 2 samples" in text and "Only in A" not in text
+
+
 def test_different_samples_and_bad_reports_are_clear_errors(tmp_path) -> None:
     a = _report(tmp_path / "a.json", [True] * 5, [0.0] * 5, FPS)
     b = _report(tmp_path / "b.json", [True] * 5, [0.0] * 5, [*FPS[:3], "f" * 16, FPS[4]])
-    with pytest.raises(ValueError, match=r"different samples.*sample 3.*same --tasks"):
+    with pytest.raises(ValueError, match=r"different samples.*sample 3.*same --needle-depths, --seed"):
         compare(load_side(a), load_side(b))
+    c = _report(tmp_path / "c.json", [True] * 5, [0.0] * 5, FPS, length=128)
+    with pytest.raises(ValueError, match=r"share no task sample.*one task and length in common"):
+        compare(load_side(a), load_side(c))
     with pytest.raises(ValueError, match="no variant 'mxfp4'; this report has bf16"):
         load_side(a, "mxfp4")
     with pytest.raises(ValueError, match="no such report"):

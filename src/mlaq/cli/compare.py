@@ -1,7 +1,8 @@
 """``mlaq compare A B`` — two validate reports' long-context task outcomes, sample by sample.
 
-Both runs must have drawn the same samples (same --tasks, --lengths, --task-samples, --needle-depths,
---seed, eval text and tokenizer): two checkpoints, or two variants of one run (``--variants``). Prints,
+Both runs must have drawn their samples with the same --needle-depths, --seed, eval text and tokenizer:
+two checkpoints, or two variants of one run (``--variants``). They are paired on the samples both hold
+(the cells only one holds, from other --lengths, --tasks or --task-samples, are named and left out). Prints,
 per task and length and per needle depth, each side's accuracy with its Wilson 95 % interval, the
 samples only one side answers, the exact McNemar p-value and the paired change B - A.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="a report.json of mlaq validate, or its --out directory")
-    parser.add_argument("b", metavar="B", help="the other report (drawn on the same samples)")
+    parser.add_argument("b", metavar="B", help="the other report (drawn with the same --seed, --needle-depths and eval text)")
     parser.add_argument(
         "--variants",
         metavar="VA[,VB]",
@@ -63,6 +64,9 @@ def format_text(out: dict[str, Any]) -> str:
     ]
     rows = [_row([task, length], c) for task, cells in out["cells"].items() for length, c in cells.items()]
     lines.append(_table(["task", "length", "A", "B", *tail], rows))
+    for side, cells in (("A", out["a_only"]), ("B", out["b_only"])):
+        if cells:
+            lines += ["", f"Only in {side}, left out: " + "; ".join(cells)]
     for length, by_depth in out["needle_by_depth"].items():
         rows = [_row([depth], c) for depth, c in by_depth.items()]
         lines += ["", f"needle by depth at {length} tokens (0: the start of the context)"]

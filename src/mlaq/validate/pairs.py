@@ -2,10 +2,12 @@
 
 A report.json holds its task samples (``tasks.items``: task, length, index, depth and a fingerprint of
 the token ids) and every variant's outcome on each of them (``task_outcomes``). Two runs with the same
---tasks, --lengths, --task-samples, --needle-depths, --seed, eval text and tokenizer draw the same
-samples, whatever the checkpoint: then two checkpoints (before and after a fine-tune, two quantized
+--needle-depths, --seed, eval text and tokenizer draw the same sample for the same (task, length,
+index), whatever the checkpoint: then two checkpoints (before and after a fine-tune, two quantized
 exports) or two variants of one run can be compared on the SAME samples, the comparison the per-run
-Wilson intervals cannot make. Per (task, length) cell and per needle depth: each side's accuracy with its
+Wilson intervals cannot make. Samples only one report holds (other --lengths, --tasks or
+--task-samples) are left out and named; a sample both hold under one key with different token ids is an
+error. Per (task, length) cell and per needle depth: each side's accuracy with its
 Wilson 95 % interval, the discordant samples (right only on A, right only on B), the exact McNemar
 p-value, and the paired differences B - A of accuracy and of the mean answer log-probability with their
 paired bootstrap 95 % intervals (resampling samples).
@@ -76,28 +78,52 @@ def load_side(path: str | Path, variant: str | None = None) -> Side:
     return Side(str(p), model, name, items, tuple(outcomes["correct"]), tuple(outcomes["logprob"]))
 
 
-def check_same_samples(a: Side, b: Side) -> None:
-    """ValueError unless ``a`` and ``b`` hold the same samples in the same order (equal fingerprints)."""
-    if len(a.items) != len(b.items):
-        raise ValueError(f"{a.path} has {len(a.items)} task samples, {b.path} {len(b.items)}: {_SAME}")
-    for x, y in zip(a.items, b.items, strict=True):
-        if x["fingerprint"] != y["fingerprint"] or not x["fingerprint"]:
+Key = tuple[str, int, int]  # task, length, index
+
+
+def _key(item: Mapping[str, Any]) -> Key:
+    return (item["task"], int(item["length"]), int(item["index"]))
+
+
+def pair_samples(a: Side, b: Side) -> tuple[list[tuple[int, int]], list[str], list[str]]:
+    """The samples both sides hold, as (index in a, index in b) in a's order, and the (task, length) cells
+    only a or only b holds ("needle at 1024 tokens, 50 samples"). ValueError when a key holds different
+    samples (fingerprints differ) or when the two share no sample."""
+    where_b = {_key(y): j for j, y in enumerate(b.items)}
+    pairs: list[tuple[int, int]] = []
+    for i, x in enumerate(a.items):
+        j = where_b.get(_key(x))
+        if j is None:
+            continue
+        if x["fingerprint"] != b.items[j]["fingerprint"] or not x["fingerprint"]:
             where = f"{x['task']} at {x['length']} tokens, sample {x['index']}"
             raise ValueError(f"the two reports hold different samples (first: {where}): {_SAME}")
+        pairs.append((i, j))
+    if not pairs:
+        raise ValueError(f"{a.path} and {b.path} share no task sample (no common task and length): {_SAME}")
+    return pairs, _left_out(a.items, {i for i, _ in pairs}), _left_out(b.items, {j for _, j in pairs})
+
+
+def _left_out(items: Sequence[Mapping[str, Any]], paired: set[int]) -> list[str]:
+    cells: dict[tuple[str, int], int] = defaultdict(int)
+    for i, it in enumerate(items):
+        if i not in paired:
+            cells[(it["task"], int(it["length"]))] += 1
+    return [f"{task} at {length} tokens, {n} samples" for (task, length), n in cells.items()]
 
 
 _SAME = (
-    "run both with the same --tasks, --lengths, --task-samples, --needle-depths, --seed and --eval-text "
-    "(and the same tokenizer)"
+    "run both with the same --needle-depths, --seed and --eval-text (and the same tokenizer) and at least "
+    "one task and length in common"
 )
 
 
-def _cell(a: Side, b: Side, idx: Sequence[int], seed: int) -> dict[str, Any]:
-    ca, cb = [a.correct[i] for i in idx], [b.correct[i] for i in idx]
+def _cell(a: Side, b: Side, idx: Sequence[tuple[int, int]], seed: int) -> dict[str, Any]:
+    ca, cb = [a.correct[i] for i, _ in idx], [b.correct[j] for _, j in idx]
     n = len(idx)
     only_a, only_b = discordant(ca, cb)
     acc_deltas = [float(y) - float(x) for x, y in zip(ca, cb, strict=True)]
-    lp_deltas = [b.logprob[i] - a.logprob[i] for i in idx]
+    lp_deltas = [b.logprob[j] - a.logprob[i] for i, j in idx]
     out: dict[str, Any] = {"n": n}
     for side, hits in (("a", ca), ("b", cb)):
         low, high = wilson(sum(hits), n)
@@ -114,19 +140,24 @@ def _cell(a: Side, b: Side, idx: Sequence[int], seed: int) -> dict[str, Any]:
 
 
 def compare(a: Side, b: Side, seed: int = 0) -> dict[str, Any]:
-    """``{"a", "b", "cells": {task: {length: cell}}, "needle_by_depth": {length: {depth: cell}}}``;
-    lengths and depths as text (JSON keys). The same samples or ValueError (``check_same_samples``)."""
-    check_same_samples(a, b)
-    cells: dict[tuple[str, int], list[int]] = defaultdict(list)
-    depths: dict[tuple[int, float], list[int]] = defaultdict(list)
-    for i, it in enumerate(a.items):
-        cells[(it["task"], it["length"])].append(i)
+    """``{"a", "b", "cells": {task: {length: cell}}, "needle_by_depth": {length: {depth: cell}}}`` over the
+    samples both hold (``pair_samples``; "a_only" / "b_only" name the cells left out); lengths and depths as
+    text (JSON keys)."""
+    pairs, a_only, b_only = pair_samples(a, b)
+    cells: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    depths: dict[tuple[int, float], list[tuple[int, int]]] = defaultdict(list)
+    for i, j in pairs:
+        it = a.items[i]
+        cells[(it["task"], it["length"])].append((i, j))
         if it["task"] == "needle":
-            depths[(it["length"], it["depth"])].append(i)
+            depths[(it["length"], it["depth"])].append((i, j))
     order = list(dict.fromkeys(it["task"] for it in a.items))
     out: dict[str, Any] = {
         "a": {"report": a.path, "model": a.model, "variant": a.variant},
         "b": {"report": b.path, "model": b.model, "variant": b.variant},
+        "paired": len(pairs),
+        "a_only": a_only,
+        "b_only": b_only,
         "cells": {},
         "needle_by_depth": {},
     }
