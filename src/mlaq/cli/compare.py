@@ -17,7 +17,9 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="a report.json of mlaq validate, or its --out directory")
-    parser.add_argument("b", metavar="B", help="the other report (drawn with the same --seed, --needle-depths and eval text)")
+    parser.add_argument(
+        "b", metavar="B", help="the other report (drawn with the same --seed, --needle-depths and eval text)"
+    )
     parser.add_argument(
         "--variants",
         metavar="VA[,VB]",
